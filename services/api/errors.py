@@ -1,0 +1,61 @@
+"""The one place where domain errors become HTTP responses."""
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared.errors import (
+    FibermillError,
+    InvalidInput,
+    InvalidTransition,
+    JobNotFound,
+    OutputNotFound,
+    ServiceUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    InvalidInput: 422,
+    JobNotFound: 404,
+    OutputNotFound: 404,
+    InvalidTransition: 409,
+    ServiceUnavailable: 503,
+}
+
+
+def _status(exc: FibermillError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+async def _domain_error(_request: Request, exc: FibermillError) -> JSONResponse:
+    status = _status(exc)
+    if isinstance(exc, InvalidInput):
+        # The same shape as FastAPI's own validation errors, so clients parse one format.
+        loc = ["body", *exc.field.split(".")]
+        body = {"detail": [{"loc": loc, "msg": exc.message, "type": exc.code}]}
+    else:
+        body = {"detail": str(exc), "code": exc.code}
+    headers = {"Retry-After": "5"} if status == 503 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:
+    log.warning("redis unavailable: %s", exc)
+    return JSONResponse(
+        {"detail": "the job store is unavailable; retry shortly", "code": "unavailable"},
+        status_code=503,
+        headers={"Retry-After": "5"},
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(FibermillError, _domain_error)
+    app.add_exception_handler(RedisConnectionError, _redis_down)
+    app.add_exception_handler(RedisTimeoutError, _redis_down)

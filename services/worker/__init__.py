@@ -1,0 +1,1 @@
+"""The worker service: Celery app, device launcher, model pipelines."""

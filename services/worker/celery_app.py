@@ -1,0 +1,44 @@
+"""The worker's Celery app: one task that hands a sub-request to this process's runtime.
+
+Run with the thread pool (`-P threads`): several sub-requests can be in flight in one process
+(the engine batches them), and nothing forks after CUDA is initialised.
+"""
+
+import logging
+
+from celery import signals
+
+from services.worker.runtime import WorkerRuntime
+from shared.celery_config import make_celery
+from shared.names import RUN_SUBREQUEST_TASK
+from shared.registry import load_registry
+from shared.settings import get_settings
+from shared.subrequest import SubRequest
+
+log = logging.getLogger(__name__)
+
+app = make_celery(get_settings(), name="fibermill-worker")
+_runtime: WorkerRuntime | None = None
+
+
+@signals.worker_init.connect
+def _load(**_) -> None:
+    global _runtime
+    settings = get_settings()
+    _runtime = WorkerRuntime(settings, load_registry(settings.model_registry))
+    _runtime.start()
+    from services.worker.metrics_server import serve_metrics
+
+    serve_metrics(settings.worker_metrics_port + settings.device_index)
+
+
+@signals.worker_shutdown.connect
+def _stop(**_) -> None:
+    if _runtime is not None:
+        _runtime.stop()
+
+
+@app.task(name=RUN_SUBREQUEST_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_subrequest(self, payload: dict) -> str:
+    sub = SubRequest.model_validate(payload)
+    return _runtime.handle(sub)

@@ -1,0 +1,86 @@
+"""Run one sub-request: take its lease, run the model, store the result once, release."""
+
+import asyncio
+import logging
+import time
+
+from services.worker import metrics
+from services.worker.pipelines.base import ImageResult, TextResult
+from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.runtime import InFlight, WorkerRuntime
+from shared.errors import DeadLettered, ModelError, TimeLimitExceeded
+from shared.job import JobError
+from shared.subrequest import SubRequest, SubResult
+
+log = logging.getLogger(__name__)
+
+
+def _output(result: TextResult | ImageResult) -> tuple[dict, bytes | None]:
+    if isinstance(result, ImageResult):
+        return {"seed": result.seed, "width": result.width, "height": result.height}, result.png
+    return {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "tokens": result.tokens,
+    }, None
+
+
+async def handle(rt: WorkerRuntime, sub: SubRequest) -> str:
+    store, settings = rt.store, rt.settings
+    grant = await store.acquire_lease(sub, rt.id, settings.lease_seconds, settings.max_attempts)
+    if grant.outcome == "exhausted":
+        reason = (
+            f"sub-request {sub.index} was given up after {settings.max_attempts} attempts: "
+            "each one lost its worker (crash, out of memory or kill)"
+        )
+        await store.dead_letter(sub, reason)
+        await store.store_result(
+            sub.job_id,
+            SubResult(
+                index=sub.index,
+                worker=rt.id,
+                finished_at=time.time(),
+                error=JobError(code=DeadLettered.code, message=reason),
+            ),
+        )
+    if grant.outcome != "acquired":
+        # done, final, gone or busy: another delivery already covers this sub-request.
+        metrics.SUBREQUESTS.labels(sub.model, grant.outcome).inc()
+        return grant.outcome
+
+    flight = InFlight(sub, time.time() + settings.subrequest_time_limit_seconds)
+    rt.in_flight[sub.member] = flight
+    metrics.IN_FLIGHT.set(len(rt.in_flight))
+    try:
+        result = SubResult(index=sub.index, worker=rt.id, started_at=flight.started)
+        blob = None
+        t0 = time.perf_counter()
+        try:
+            pipeline = rt.pipelines[sub.model]
+            outs = await asyncio.get_running_loop().run_in_executor(
+                rt.executors[sub.model], pipeline.run, [sub.item], flight.stop.is_set
+            )
+            result.output, blob = _output(outs[0])
+            outcome = "succeeded"
+        except PipelineStopped:
+            limit = settings.subrequest_time_limit_seconds
+            result.error = JobError(
+                code=TimeLimitExceeded.code,
+                message=f"sub-request {sub.index} ran past its {limit}s limit",
+            )
+            outcome = "time_limit"
+        except Exception as exc:  # a failing model fails its own sub-request, not the worker
+            log.exception("sub-request %s failed", sub.member)
+            result.error = JobError(code=ModelError.code, message=f"{type(exc).__name__}: {exc}")
+            outcome = "failed"
+        metrics.PHASE_SECONDS.labels(sub.model, "run").observe(time.perf_counter() - t0)
+        result.finished_at = time.time()
+        written = await store.store_result(sub.job_id, result, blob)
+        if written != 1:
+            outcome = "duplicate"
+        metrics.SUBREQUESTS.labels(sub.model, outcome).inc()
+        return outcome
+    finally:
+        rt.in_flight.pop(sub.member, None)
+        metrics.IN_FLIGHT.set(len(rt.in_flight))
+        await store.release_lease(sub.member, rt.id)

@@ -1,0 +1,135 @@
+"""Start one worker process per visible GPU (pinned with CUDA_VISIBLE_DEVICES), or
+FIBERMILL_CPU_WORKERS processes where there is none, and keep them running.
+
+Each child is a fresh interpreter (never a fork), so CUDA is initialised only in the process
+that uses it. A child that dies is restarted; SIGTERM/SIGINT are passed on to every child,
+which then finish what they hold (Celery's warm shutdown) before the launcher exits.
+"""
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from services.worker.devices import visible_gpus
+from shared.names import queue_for
+from shared.registry import load_registry
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger("fibermill.launcher")
+RESTART_BACKOFF_SECONDS = (1, 2, 5, 10, 30)
+
+
+@dataclass
+class Slot:
+    index: int
+    device: str  # "cuda" or "cpu"
+    visible: str  # the CUDA_VISIBLE_DEVICES value for this child
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+
+def plan(settings: Settings) -> list[Slot]:
+    gpus = visible_gpus()
+    if gpus:
+        return [Slot(i, "cuda", g) for i, g in enumerate(gpus)]
+    return [Slot(i, "cpu", "") for i in range(settings.cpu_workers)]
+
+
+def command(settings: Settings, slot: Slot, name: str) -> list[str]:
+    registry = load_registry(settings.model_registry)
+    models = settings.served_models or list(registry.models)
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "services.worker.celery_app",
+        "worker",
+        "-P",
+        "threads",
+        "-c",
+        str(settings.worker_concurrency),
+        "-Q",
+        ",".join(queue_for(m) for m in models),
+        "-n",
+        f"{name}@%h",
+        "--loglevel",
+        os.environ.get("FIBERMILL_LOG_LEVEL", "INFO"),
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
+
+
+def environment(settings: Settings, slot: Slot, name: str, n_slots: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        CUDA_VISIBLE_DEVICES=slot.visible if slot.device == "cuda" else "",
+        FIBERMILL_DEVICE=slot.device,
+        FIBERMILL_DEVICE_INDEX=str(slot.index),
+        FIBERMILL_WORKER_NAME=name,
+    )
+    if slot.device == "cpu":
+        # CPU workers share the host's cores instead of each claiming all of them.
+        threads = max(1, (os.cpu_count() or 1) // max(1, n_slots))
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+def start(settings: Settings, slot: Slot, n_slots: int) -> None:
+    name = f"{socket.gethostname()}-{slot.device}{slot.index}"
+    slot.proc = subprocess.Popen(
+        command(settings, slot, name), env=environment(settings, slot, name, n_slots)
+    )
+    log.info("started worker %s (pid %d)", name, slot.proc.pid)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+    slots = plan(settings)
+    if not slots:
+        log.error("no GPU found and FIBERMILL_CPU_WORKERS=0: nothing to start")
+        return 1
+    stopping = False
+
+    def stop(signum, _frame):
+        nonlocal stopping
+        stopping = True
+        for s in slots:
+            if s.proc and s.proc.poll() is None:
+                s.proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for s in slots:
+        start(settings, s, len(slots))
+    while not stopping:
+        time.sleep(0.5)
+        for s in slots:
+            if stopping or s.proc.poll() is None:
+                continue
+            delay = RESTART_BACKOFF_SECONDS[min(s.restarts, len(RESTART_BACKOFF_SECONDS) - 1)]
+            log.warning(
+                "worker slot %d exited with %s; restarting in %ss",
+                s.index,
+                s.proc.returncode,
+                delay,
+            )
+            time.sleep(delay)
+            s.restarts += 1
+            if not stopping:
+                start(settings, s, len(slots))
+    for s in slots:
+        if s.proc:
+            s.proc.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

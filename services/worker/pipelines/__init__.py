@@ -1,0 +1,1 @@
+"""Model pipelines: load a registry model once per process and run batches of items on it."""

@@ -1,0 +1,129 @@
+"""One worker process: its device, its loaded models, and the event loop its work runs on.
+
+Celery's thread pool hands each sub-request to `WorkerRuntime.handle`, which runs it on the
+runtime's own asyncio loop. Each model has a single-thread device executor, so a model object
+is never run by two threads at once however many sub-requests are in flight.
+"""
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import redis.asyncio as aioredis
+import torch
+
+from services.worker import metrics
+from services.worker.pipelines.base import Pipeline
+from services.worker.pipelines.factory import build_pipeline
+from shared.jobstore import JobStore
+from shared.registry import ModelRegistry, ModelSpec
+from shared.settings import Settings
+from shared.subrequest import SubRequest
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(settings: Settings) -> torch.device:
+    # The launcher pins one GPU per process through CUDA_VISIBLE_DEVICES, so it is cuda:0.
+    if settings.device == "cuda" or (not settings.device and torch.cuda.is_available()):
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+class InFlight:
+    """A sub-request this process holds, for lease renewal and the time-limit watchdog."""
+
+    def __init__(self, sub: SubRequest, deadline: float) -> None:
+        self.sub = sub
+        self.started = time.time()
+        self.deadline = deadline
+        self.stop = threading.Event()
+
+
+class WorkerRuntime:
+    def __init__(self, settings: Settings, registry: ModelRegistry) -> None:
+        self.settings = settings
+        self.registry = registry
+        served = settings.served_models or list(registry.models)
+        self.specs: dict[str, ModelSpec] = {m: registry.get(m) for m in served}
+        self.device = pick_device(settings)
+        self.name = settings.worker_name or f"{socket.gethostname()}-{self.device.type}"
+        self.id = f"{self.name}/{os.getpid()}"
+        self.started_at = time.time()
+        self.pipelines: dict[str, Pipeline] = {}
+        self.executors: dict[str, ThreadPoolExecutor] = {}
+        self.in_flight: dict[str, InFlight] = {}
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="runtime-loop", daemon=True
+        )
+        self.redis: aioredis.Redis | None = None
+        self.store: JobStore | None = None
+        self._background: list[asyncio.Task] = []
+
+    @property
+    def queues(self) -> list[str]:
+        from shared.names import queue_for
+
+        return [queue_for(m) for m in self.specs]
+
+    def load_models(self) -> None:
+        for name, spec in self.specs.items():
+            t0 = time.perf_counter()
+            pipeline = build_pipeline(spec, self.device)
+            pipeline.setup()
+            self.pipelines[name] = pipeline
+            self.executors[name] = ThreadPoolExecutor(1, thread_name_prefix=f"device-{name}")
+            metrics.MODEL_LOAD_SECONDS.labels(name).set(time.perf_counter() - t0)
+            log.info(
+                "loaded %s (%s) on %s in %.2fs",
+                name,
+                spec.kind,
+                self.device,
+                time.perf_counter() - t0,
+            )
+
+    def start(self) -> None:
+        """Load the models, then start the loop, the heartbeat and lease renewal."""
+        self.load_models()
+        self._thread.start()
+        self.call(self._start_async())
+
+    async def _start_async(self) -> None:
+        from services.worker.heartbeat import heartbeat_loop
+
+        self.redis = aioredis.Redis.from_url(self.settings.redis_url)
+        self.store = JobStore(self.redis, self.settings.finished_job_ttl_seconds)
+        self._background.append(asyncio.create_task(heartbeat_loop(self)))
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        self.call(self._stop_async())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        for ex in self.executors.values():
+            ex.shutdown(wait=False, cancel_futures=True)
+
+    async def _stop_async(self) -> None:
+        from shared.workers import withdraw
+
+        for t in self._background:
+            t.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self.redis is not None:
+            await withdraw(self.redis, self.id)
+            await self.redis.aclose()
+
+    def call(self, coro):
+        """Run a coroutine on the runtime loop from another thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def handle(self, sub: SubRequest) -> str:
+        from services.worker.handler import handle
+
+        return self.call(handle(self, sub))

@@ -1,0 +1,265 @@
+"""The job store: jobs, their sub-results and the sub-request leases, in Redis.
+
+Every change is one atomic Lua script (shared/lua.py). Timestamps are epoch seconds.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared import lua, names
+from shared.errors import InvalidTransition, JobNotFound
+from shared.job import FINAL_STATUSES, JobError, JobStatus
+from shared.subrequest import SubRequest, SubResult
+
+STREAM_MAXLEN = 100_000
+
+
+@dataclass
+class JobRecord:
+    id: str
+    task: str
+    model: str
+    status: JobStatus
+    input: dict[str, Any]
+    total: int
+    created_at: float
+    done: int = 0
+    started_at: float | None = None
+    completed_at: float | None = None
+    output: list[dict[str, Any] | None] | None = None
+    error: JobError | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+
+@dataclass
+class LeaseGrant:
+    outcome: str  # acquired | done | final | gone | busy | exhausted
+    attempt: int = 0
+
+
+def _f(v: bytes | None) -> float | None:
+    return float(v) if v else None
+
+
+class JobStore:
+    def __init__(self, redis: aioredis.Redis, finished_ttl: int = 7 * 24 * 3600) -> None:
+        self.redis = redis
+        self.finished_ttl = finished_ttl
+        self._transition = redis.register_script(lua.TRANSITION)
+        self._finalize = redis.register_script(lua.FINALIZE)
+        self._store_result = redis.register_script(lua.STORE_RESULT)
+        self._acquire = redis.register_script(lua.ACQUIRE_LEASE)
+        self._renew = redis.register_script(lua.RENEW_LEASES)
+        self._release = redis.register_script(lua.RELEASE_LEASE)
+        self._claim_expired = redis.register_script(lua.CLAIM_EXPIRED)
+
+    # Jobs -----------------------------------------------------------------------------------
+
+    async def create(
+        self, job_id: str, task: str, model: str, input: dict[str, Any], total: int
+    ) -> JobRecord:
+        now = time.time()
+        mapping = {
+            "task": task,
+            "model": model,
+            "input": json.dumps(input),
+            "total": total,
+            "status": JobStatus.QUEUED.value,
+            "created_at": repr(now),
+        }
+        # The job and its "being dispatched" mark are written together: if this process dies
+        # before every sub-request is on the queue, the janitor finds the mark and re-sends.
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(names.job_key(job_id), mapping=mapping)
+            pipe.zadd(names.DISPATCHING, {job_id: now})
+            await pipe.execute()
+        return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, now)
+
+    async def mark_dispatched(self, job_id: str) -> None:
+        await self.redis.zrem(names.DISPATCHING, job_id)
+
+    async def claim_stale_dispatches(self, older_than: float, limit: int = 100) -> list[str]:
+        """Jobs whose creator died before it finished sending their sub-requests."""
+        ids = await self.redis.zrangebyscore(
+            names.DISPATCHING, "-inf", time.time() - older_than, start=0, num=limit
+        )
+        # ZREM returns 1 only for the one replica that takes the job.
+        return [i.decode() for i in ids if await self.redis.zrem(names.DISPATCHING, i)]
+
+    async def get(self, job_id: str) -> JobRecord:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(names.job_key(job_id))
+            pipe.hlen(names.results_key(job_id))
+            raw, done = await pipe.execute()
+        if not raw or b"task" not in raw:
+            raise JobNotFound(job_id)
+        h = {k.decode(): v for k, v in raw.items()}
+        known = {
+            "task",
+            "model",
+            "input",
+            "total",
+            "status",
+            "created_at",
+            "started_at",
+            "completed_at",
+            "output",
+            "error",
+        }
+        return JobRecord(
+            id=job_id,
+            task=h["task"].decode(),
+            model=h["model"].decode(),
+            status=JobStatus(h["status"].decode()),
+            input=json.loads(h["input"]),
+            total=int(h["total"]),
+            created_at=float(h["created_at"]),
+            done=done,
+            started_at=_f(h.get("started_at")),
+            completed_at=_f(h.get("completed_at")),
+            output=json.loads(h["output"]) if h.get("output") else None,
+            error=JobError.model_validate_json(h["error"]) if h.get("error") else None,
+            extra={k: v.decode() for k, v in h.items() if k not in known},
+        )
+
+    async def transition(
+        self, job_id: str, to: JobStatus, allowed_from: list[JobStatus], ts_field: str = ""
+    ) -> bool:
+        """Move to `to` if the job is in one of `allowed_from`; never leaves a final state."""
+        res = await self._transition(
+            keys=[names.job_key(job_id)],
+            args=[to.value, ts_field, repr(time.time()), *[s.value for s in allowed_from]],
+        )
+        if res[0] == -1:
+            raise JobNotFound(job_id)
+        return res[0] == 1
+
+    async def finalize(
+        self,
+        job_id: str,
+        status: JobStatus,
+        output: list[dict[str, Any] | None],
+        error: JobError | None = None,
+    ) -> bool:
+        """Set a final status with its output once; returns False if the job already was final."""
+        if status not in FINAL_STATUSES:
+            raise InvalidTransition(f"{status} is not a final status")
+        res = await self._finalize(
+            keys=[
+                names.job_key(job_id),
+                names.results_key(job_id),
+                names.blobs_key(job_id),
+                names.attempts_key(job_id),
+            ],
+            args=[
+                status.value,
+                json.dumps(output),
+                error.model_dump_json() if error else "",
+                repr(time.time()),
+                self.finished_ttl,
+            ],
+        )
+        if res == -1:
+            raise JobNotFound(job_id)
+        return res == 1
+
+    # Sub-results ----------------------------------------------------------------------------
+
+    async def store_result(self, job_id: str, result: SubResult, blob: bytes | None = None) -> int:
+        """Write a sub-result once per (job, index): 1 written, 0 duplicate, -1 gone, -2 final."""
+        member = f"{job_id}:{result.index}"
+        return await self._store_result(
+            keys=[
+                names.job_key(job_id),
+                names.results_key(job_id),
+                names.blobs_key(job_id),
+                names.COMPLETIONS_STREAM,
+                names.LEASES,
+                names.LEASE_OWNERS,
+            ],
+            args=[
+                result.index,
+                result.model_dump_json(),
+                blob or b"",
+                job_id,
+                int(result.ok),
+                STREAM_MAXLEN,
+                member,
+                result.worker,
+            ],
+        )
+
+    async def results(self, job_id: str) -> dict[int, SubResult]:
+        raw = await self.redis.hgetall(names.results_key(job_id))
+        return {int(k): SubResult.model_validate_json(v) for k, v in raw.items()}
+
+    async def has_result(self, job_id: str, index: int) -> bool:
+        return bool(await self.redis.hexists(names.results_key(job_id), index))
+
+    async def blob(self, job_id: str, index: int) -> bytes | None:
+        return await self.redis.hget(names.blobs_key(job_id), index)
+
+    # Leases ---------------------------------------------------------------------------------
+
+    async def acquire_lease(
+        self, sub: SubRequest, worker: str, lease_seconds: float, max_attempts: int
+    ) -> LeaseGrant:
+        now = time.time()
+        outcome, detail = await self._acquire(
+            keys=[
+                names.job_key(sub.job_id),
+                names.results_key(sub.job_id),
+                names.LEASES,
+                names.LEASE_OWNERS,
+                names.attempts_key(sub.job_id),
+            ],
+            args=[
+                sub.index,
+                sub.member,
+                worker,
+                repr(now),
+                repr(now + lease_seconds),
+                max_attempts,
+            ],
+        )
+        outcome = outcome.decode()
+        attempt = int(detail) if outcome in ("acquired", "exhausted") else 0
+        return LeaseGrant(outcome, attempt)
+
+    async def renew_leases(self, members: list[str], worker: str, lease_seconds: float) -> int:
+        if not members:
+            return 0
+        return await self._renew(
+            keys=[names.LEASES, names.LEASE_OWNERS],
+            args=[worker, repr(time.time() + lease_seconds), *members],
+        )
+
+    async def release_lease(self, member: str, worker: str) -> bool:
+        return bool(
+            await self._release(keys=[names.LEASES, names.LEASE_OWNERS], args=[member, worker])
+        )
+
+    async def claim_expired_leases(self, limit: int = 100) -> list[tuple[str, int]]:
+        members = await self._claim_expired(
+            keys=[names.LEASES, names.LEASE_OWNERS], args=[repr(time.time()), limit]
+        )
+        out = []
+        for m in members:
+            job_id, _, index = m.decode().rpartition(":")
+            out.append((job_id, int(index)))
+        return out
+
+    async def attempts(self, job_id: str, index: int) -> int:
+        return int(await self.redis.hget(names.attempts_key(job_id), index) or 0)
+
+    async def dead_letter(self, sub: SubRequest, reason: str) -> None:
+        entry = {"subrequest": sub.model_dump(mode="json"), "reason": reason, "at": time.time()}
+        await self.redis.lpush(names.DEAD_LETTER, json.dumps(entry))

@@ -1,0 +1,105 @@
+"""The model registry: which models exist, what task each serves, where it lives, its limits.
+
+The registry is a YAML file (`FIBERMILL_MODEL_REGISTRY`) read by both the API (to validate and
+route) and the workers (to load). Relative model paths are resolved against the file's folder.
+"""
+
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, Field, model_validator
+
+from shared.errors import UnknownModel
+
+Task = Literal["text-generation", "image-generation"]
+
+
+class ModelKind(StrEnum):
+    CAUSAL_LM = "causal-lm"
+    STABLE_DIFFUSION = "stable-diffusion"
+    STABLE_DIFFUSION_XL = "stable-diffusion-xl"
+    CLASS_DDPM = "class-ddpm"
+
+
+KIND_TASK: dict[ModelKind, Task] = {
+    ModelKind.CAUSAL_LM: "text-generation",
+    ModelKind.STABLE_DIFFUSION: "image-generation",
+    ModelKind.STABLE_DIFFUSION_XL: "image-generation",
+    ModelKind.CLASS_DDPM: "image-generation",
+}
+
+
+class Limits(BaseModel):
+    max_prompts: int = Field(16, ge=1)
+    max_prompt_chars: int = Field(4000, ge=1)
+    # image
+    max_images_per_prompt: int = Field(8, ge=1)
+    max_steps: int = Field(100, ge=1)
+    min_size: int = Field(8, ge=8)
+    max_size: int = Field(1024, ge=8)
+    # text
+    max_new_tokens: int = Field(512, ge=1)
+    max_stop_sequences: int = Field(8, ge=0)
+
+
+class Defaults(BaseModel):
+    steps: int = 30
+    width: int = 512
+    height: int = 512
+    guidance_scale: float = 7.5
+    max_new_tokens: int = 32
+
+
+class ModelSpec(BaseModel):
+    name: str
+    kind: ModelKind
+    path: Path
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    description: str = ""
+    limits: Limits = Limits()
+    defaults: Defaults = Defaults()
+    # Class-conditional models: class index -> the words that select it in a prompt.
+    classes: list[list[str]] = []
+    max_batch: int = Field(8, ge=1)
+    max_wait_ms: int = Field(5, ge=0)
+    pool_sets: int = Field(2, ge=0)
+
+    @property
+    def task(self) -> Task:
+        return KIND_TASK[self.kind]
+
+    @model_validator(mode="after")
+    def _classes_for_class_models(self) -> "ModelSpec":
+        if self.kind == ModelKind.CLASS_DDPM and not self.classes:
+            raise ValueError(f"model {self.name}: a class-ddpm model needs `classes`")
+        return self
+
+
+class ModelRegistry(BaseModel):
+    models: dict[str, ModelSpec]
+
+    def get(self, name: str) -> ModelSpec:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise UnknownModel(name, sorted(self.models)) from None
+
+    @classmethod
+    def load(cls, path: Path) -> "ModelRegistry":
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        base = Path(path).resolve().parent
+        models = {}
+        for name, spec in (raw.get("models") or {}).items():
+            spec = {**spec, "name": name}
+            model_path = Path(spec.get("path", name))
+            spec["path"] = model_path if model_path.is_absolute() else base / model_path
+            models[name] = ModelSpec.model_validate(spec)
+        return cls(models=models)
+
+
+@lru_cache
+def load_registry(path: Path) -> ModelRegistry:
+    return ModelRegistry.load(path)

@@ -1,0 +1,65 @@
+"""All of Fibermill's settings, read from `FIBERMILL_*` environment variables."""
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FIBERMILL_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    model_registry: Path = REPO_ROOT / "models" / "registry.yaml"
+
+    # Jobs
+    finished_job_ttl_seconds: int = Field(7 * 24 * 3600, ge=60)
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+
+    # Sub-request execution and recovery
+    subrequest_time_limit_seconds: int = Field(600, ge=1)
+    visibility_timeout_seconds: int = Field(3600, ge=1)
+    lease_seconds: float = Field(15.0, gt=0)
+    heartbeat_seconds: float = Field(3.0, gt=0)
+    janitor_interval_seconds: float = Field(2.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+
+    # Joiner (Redis Streams consumer group on the completion stream)
+    joiner_claim_idle_seconds: float = Field(30.0, gt=0)
+    joiner_block_ms: int = Field(1000, ge=10)
+
+    # Workers
+    cpu_workers: int = Field(1, ge=0)
+    worker_concurrency: int = Field(4, ge=1)
+    worker_models: str = ""  # comma-separated; empty serves every model in the registry
+    worker_heartbeat_ttl_seconds: float = Field(15.0, gt=0)
+    worker_metrics_port: int = 9100
+    device: str = ""  # set by the launcher: "cuda" or "cpu"
+    device_index: int = 0
+    worker_name: str = ""
+
+    public_url: str = ""  # base for output URLs; empty gives relative URLs
+
+    @model_validator(mode="after")
+    def _visibility_above_time_limit(self) -> "Settings":
+        # The broker must not redeliver a sub-request that is still legitimately running.
+        if self.visibility_timeout_seconds <= self.subrequest_time_limit_seconds:
+            raise ValueError(
+                "visibility_timeout_seconds must be greater than subrequest_time_limit_seconds "
+                f"({self.visibility_timeout_seconds} <= {self.subrequest_time_limit_seconds})"
+            )
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
+        return self
+
+    @property
+    def served_models(self) -> list[str]:
+        return [m.strip() for m in self.worker_models.split(",") if m.strip()]
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

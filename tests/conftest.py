@@ -1,0 +1,118 @@
+"""Fixtures shared by every test: a real Redis of the tests' own, and the test models."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+import yaml
+
+from services.devstack.redis_server import free_port, start_redis
+from shared.jobstore import JobStore
+from shared.settings import REPO_ROOT
+
+SHARED_REDIS = "redis://127.0.0.1:6379/15"
+
+
+class RedisServer:
+    """A redis-server started for the tests, which a test may restart."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = start_redis(self.port, self.workdir)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory) -> RedisServer:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    try:
+        server.start()
+    except RuntimeError:
+        # No redis-server could be started: fall back to the machine's shared Redis, on a
+        # database of its own.
+        server.url = SHARED_REDIS
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    redis.Redis.from_url(redis_server.url).flushdb()
+    return redis_server.url
+
+
+@pytest.fixture
+async def aredis(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def store(aredis) -> JobStore:
+    return JobStore(aredis, finished_ttl=3600)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """The test models, built from configs (random weights), plus the committed digits model,
+    and one model whose weights are NaN so that sampling from it raises."""
+    from services.worker.modelbuild.tiny_diffusion import build_tiny_sd, build_tiny_sdxl
+    from services.worker.modelbuild.tiny_gpt2 import build as build_tiny_gpt2
+
+    d = tmp_path_factory.mktemp("models")
+    build_tiny_gpt2(d / "tiny-gpt2")
+    build_tiny_sd(d / "tiny-sd")
+    build_tiny_sdxl(d / "tiny-sdxl")
+    _broken_copy(d / "tiny-gpt2", d / "broken-gpt2")
+    registry = yaml.safe_load((REPO_ROOT / "models" / "registry.yaml").read_text())
+    registry["models"]["digits"]["path"] = str(REPO_ROOT / "models" / "digits")
+    registry["models"]["broken-gpt2"] = {
+        **registry["models"]["tiny-gpt2"],
+        "path": "broken-gpt2",
+        "description": "tiny-gpt2 with NaN weights: sampling from it raises",
+    }
+    (d / "registry.yaml").write_text(yaml.safe_dump(registry))
+    return d
+
+
+def _broken_copy(src: Path, dst: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = dst / "model.safetensors"
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("ln_f.weight"))
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, weights, metadata={"format": "pt"})
+
+
+@pytest.fixture
+def settings_env(redis_url, model_dir, monkeypatch):
+    """Point get_settings() at the test Redis and registry for in-process code."""
+    from shared.settings import get_settings
+
+    monkeypatch.setenv("FIBERMILL_REDIS_URL", redis_url)
+    monkeypatch.setenv("FIBERMILL_MODEL_REGISTRY", str(model_dir / "registry.yaml"))
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def pytest_configure(config):
+    # Child processes (API, workers) must not inherit a coverage or debug hook by accident.
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")

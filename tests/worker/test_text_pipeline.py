@@ -1,0 +1,167 @@
+"""The causal-LM text pipeline on the tiny random GPT-2: batching, seeding, budgets and stops."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.worker.modelbuild import tiny_gpt2
+from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.pipelines.text import CausalLMTextPipeline
+from shared.registry import ModelKind, ModelSpec
+from shared.subrequest import TextItem
+
+# Different lengths, so a batch of them is left-padded.
+PROMPTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog, and then",
+    "Return a new list of the items",
+]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-gpt2")
+    tiny_gpt2.build(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def pipeline(model_dir: Path) -> CausalLMTextPipeline:
+    spec = ModelSpec(name="tiny-gpt2", kind=ModelKind.CAUSAL_LM, path=model_dir)
+    pipe = CausalLMTextPipeline(spec, torch.device("cpu"))
+    pipe.setup()
+    return pipe
+
+
+def greedy_ids(pipe: CausalLMTextPipeline, prompt: str, n: int) -> list[int]:
+    """Reference greedy continuation: the full prompt re-run every step, no cache, no padding."""
+    ids = pipe.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    out: list[int] = []
+    with torch.inference_mode():
+        for _ in range(n):
+            token = int(pipe.model(input_ids=ids).logits[0, -1].argmax())
+            out.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=-1)
+    return out
+
+
+def alone(pipe: CausalLMTextPipeline, items: list[TextItem]) -> list:
+    return [pipe.run([item])[0] for item in items]
+
+
+def test_prompts_need_padding(pipeline: CausalLMTextPipeline) -> None:
+    lengths = {len(pipeline.tokenizer(p)["input_ids"]) for p in PROMPTS}
+    assert len(lengths) == len(PROMPTS)
+
+
+def test_greedy_matches_uncached_reference(pipeline: CausalLMTextPipeline) -> None:
+    for prompt in PROMPTS:
+        (result,) = pipeline.run([TextItem(prompt=prompt, max_new_tokens=12)])
+        expected = greedy_ids(pipeline, prompt, 12)
+        assert pipeline.eos_ids.isdisjoint(expected)  # else the comparison below is not 12 long
+        assert result.text == pipeline.decode(expected)
+        assert (result.finish_reason, result.tokens) == ("length", 12)
+
+
+def test_greedy_batched_matches_alone(pipeline: CausalLMTextPipeline) -> None:
+    budgets = [16, 5, 11]
+    items = [TextItem(prompt=p, max_new_tokens=n) for p, n in zip(PROMPTS, budgets, strict=True)]
+    batched = pipeline.run(items)
+    assert batched == alone(pipeline, items)
+    assert [r.tokens for r in batched] == budgets
+
+
+def test_sampled_is_reproducible_and_batched_matches_alone(
+    pipeline: CausalLMTextPipeline,
+) -> None:
+    items = [
+        TextItem(prompt=PROMPTS[0], max_new_tokens=14, temperature=1.0, seed=1),
+        TextItem(prompt=PROMPTS[1], max_new_tokens=9, temperature=0.7, top_k=20, seed=2),
+        TextItem(prompt=PROMPTS[2], max_new_tokens=12, temperature=1.3, top_p=0.8, seed=3),
+        TextItem(prompt=PROMPTS[0], max_new_tokens=6),  # greedy rides along
+    ]
+    batched = pipeline.run(items)
+    assert pipeline.run(items) == batched
+    assert batched == alone(pipeline, items)
+    # The same item in a different batch position and company still gives the same tokens.
+    assert pipeline.run(items[::-1]) == batched[::-1]
+
+
+def test_different_seeds_give_different_text(pipeline: CausalLMTextPipeline) -> None:
+    items = [
+        TextItem(prompt=PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=s) for s in range(4)
+    ]
+    texts = [r.text for r in pipeline.run(items)]
+    assert len(set(texts)) == len(texts)
+
+
+def test_top_k_one_is_greedy(pipeline: CausalLMTextPipeline) -> None:
+    sampled = TextItem(prompt=PROMPTS[1], max_new_tokens=10, temperature=1.0, top_k=1, seed=5)
+    greedy = TextItem(prompt=PROMPTS[1], max_new_tokens=10)
+    assert pipeline.run([sampled]) == pipeline.run([greedy])
+
+
+def test_max_new_tokens_gives_length(pipeline: CausalLMTextPipeline) -> None:
+    items = [
+        TextItem(prompt=PROMPTS[2], max_new_tokens=1),
+        TextItem(prompt=PROMPTS[2], max_new_tokens=7, temperature=1.0, seed=9),
+    ]
+    results = pipeline.run(items)
+    assert [(r.finish_reason, r.tokens) for r in results] == [("length", 1), ("length", 7)]
+    assert results[0].text == pipeline.decode(greedy_ids(pipeline, PROMPTS[2], 1))
+
+
+def test_stop_string_cuts_text(pipeline: CausalLMTextPipeline) -> None:
+    item = TextItem(prompt=PROMPTS[2], max_new_tokens=20)
+    (full,) = pipeline.run([item])
+    stop = full.text[6:9]
+    (stopped,) = pipeline.run([item.model_copy(update={"stop": ["never appears", stop]})])
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == full.text[: full.text.index(stop)]
+    # The count includes the token that completed the stop string, and no more.
+    (upto,) = pipeline.run([item.model_copy(update={"max_new_tokens": stopped.tokens})])
+    (before,) = pipeline.run([item.model_copy(update={"max_new_tokens": stopped.tokens - 1})])
+    assert stop in upto.text
+    assert stop not in before.text
+
+
+def test_stop_items_batched_match_alone(pipeline: CausalLMTextPipeline) -> None:
+    (full,) = pipeline.run([TextItem(prompt=PROMPTS[1], max_new_tokens=20)])
+    items = [
+        TextItem(prompt=PROMPTS[0], max_new_tokens=15, temperature=1.0, seed=4, stop=["e"]),
+        TextItem(prompt=PROMPTS[1], max_new_tokens=20, stop=[full.text[4:6]]),
+        TextItem(prompt=PROMPTS[2], max_new_tokens=8),
+    ]
+    batched = pipeline.run(items)
+    assert batched == alone(pipeline, items)
+    assert batched[1].finish_reason == "stop"
+    assert batched[2].finish_reason == "length"
+
+
+def test_eos_finishes_with_stop(
+    pipeline: CausalLMTextPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = greedy_ids(pipeline, PROMPTS[0], 4)
+    # The random model never picks its real EOS here, so make its fourth greedy token the EOS.
+    monkeypatch.setattr(pipeline, "eos_ids", frozenset({expected[3]}))
+    (result,) = pipeline.run([TextItem(prompt=PROMPTS[0], max_new_tokens=10)])
+    assert result.finish_reason == "stop"
+    assert result.tokens == expected.index(expected[3]) + 1
+    assert result.text == pipeline.decode(expected[: result.tokens - 1])
+
+
+def test_should_stop_raises_between_steps(pipeline: CausalLMTextPipeline) -> None:
+    calls = 0
+
+    def should_stop() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls == 3
+
+    items = [TextItem(prompt=p, max_new_tokens=10) for p in PROMPTS]
+    with pytest.raises(PipelineStopped):
+        pipeline.run(items, should_stop=should_stop)
+    assert calls == 3
+    # A caller that never asks to stop gets the whole result.
+    assert pipeline.run(items, should_stop=lambda: False) == pipeline.run(items)
