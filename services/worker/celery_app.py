@@ -5,6 +5,7 @@ Run with the thread pool (`-P threads`): several sub-requests can be in flight i
 """
 
 import logging
+import os
 
 from celery import signals
 
@@ -25,8 +26,14 @@ _runtime: WorkerRuntime | None = None
 def _load(**_) -> None:
     global _runtime
     settings = get_settings()
-    _runtime = WorkerRuntime(settings, load_registry(settings.model_registry))
-    _runtime.start()
+    try:
+        _runtime = WorkerRuntime(settings, load_registry(settings.model_registry))
+        _runtime.start()
+    except Exception:
+        # Celery would log this and go on consuming with no models; a worker that cannot
+        # load what it serves must exit instead (the launcher or Kubernetes restarts it).
+        log.critical("worker failed to load its models", exc_info=True)
+        os._exit(3)
     from services.worker.metrics_server import serve_metrics
 
     serve_metrics(settings.worker_metrics_port + settings.device_index)

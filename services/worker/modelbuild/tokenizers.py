@@ -14,14 +14,14 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import CLIPTokenizer, GPT2Tokenizer
 
 # Fixed so that builds on any machine with the same package versions give the same vocabulary.
-_DOCSTRING_MODULES = (
-    "builtins", "collections", "functools", "itertools", "json", "os", "pathlib", "re",
-    "string", "textwrap",
-)
+_DOCSTRING_MODULES = "builtins collections functools itertools json os pathlib re string textwrap"
 EOS = "<|endoftext|>"
 BOS = "<|startoftext|>"
-# Marks word ends during CLIP training; outside the byte-level alphabet, so never in real text.
-_WORD_END = "\u2581"
+_BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())
+# CLIP marks a word's last symbol ("t</w>"). For training, each byte symbol gets a twin from the
+# private-use area standing for "<byte></w>", so word ends are ordinary alphabet characters.
+_WORD_END = {char: chr(0xE000 + i) for i, char in enumerate(_BYTES)}
+_FROM_WORD_END = {twin: char + "</w>" for char, twin in _WORD_END.items()}
 
 
 def corpus() -> list[str]:
@@ -33,7 +33,7 @@ def corpus() -> list[str]:
         )
         if entry.name.endswith(".rst")
     ]
-    for name in _DOCSTRING_MODULES:
+    for name in _DOCSTRING_MODULES.split():
         module = __import__(name)
         texts.append(inspect.getdoc(module) or "")
         for attr, value in sorted(vars(module).items()):
@@ -44,7 +44,7 @@ def corpus() -> list[str]:
     return texts
 
 
-def _train(texts: list[str], vocab_size: int, special: list[str], extra: str = "") -> Tokenizer:
+def _train(texts: list[str], vocab_size: int, special: list[str], extra=()) -> Tokenizer:
     """Train a byte-level BPE on `texts`, which must already be split into words by spaces."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -52,33 +52,37 @@ def _train(texts: list[str], vocab_size: int, special: list[str], extra: str = "
         vocab_size=vocab_size,
         special_tokens=special,
         # Every byte is a base token, which is what makes the tokenizer total.
-        initial_alphabet=[*pre_tokenizers.ByteLevel.alphabet(), *extra],
+        initial_alphabet=[*_BYTES, *extra],
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
 
-def _byte_words(pre_tokenizer, texts: list[str], word_end: str = "") -> list[str]:
+def _byte_words(pre_tokenizer, texts: list[str], mark_ends: bool = False) -> list[str]:
+    def word(symbols: str) -> str:
+        return symbols[:-1] + _WORD_END[symbols[-1]] if mark_ends else symbols
+
     return [
-        " ".join(word + word_end for word, _ in pre_tokenizer.pre_tokenize_str(text))
+        " ".join(word(symbols) for symbols, _ in pre_tokenizer.pre_tokenize_str(text))
         for text in texts
     ]
 
 
+def _clip_symbol(token: str) -> str:
+    twin = token[-1]
+    return token[:-1] + _FROM_WORD_END[twin] if twin in _FROM_WORD_END else token
+
+
 def _vocab_and_merges(
-    tokenizer: Tokenizer, special: list[str], rename=lambda token: token
+    tokenizer: Tokenizer, special: list[str], base: list[str], rename=lambda token: token
 ) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Renumber the trained vocabulary canonically: specials, sorted base symbols, merges."""
+    """Number the vocabulary canonically: specials, sorted base symbols, merges in order."""
     model = json.loads(tokenizer.to_str())["model"]
     merges = [
         (rename(a), rename(b))
         for a, b in (m if isinstance(m, list) else m.split(" ") for m in model["merges"])
     ]
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    # Merges whose result is already a base symbol (a CLIP "<byte></w>") are no-ops.
-    base = {*alphabet, *(rename(c + _WORD_END) for c in alphabet)} - {_WORD_END, ""}
-    merges = [m for m in merges if m[0] + m[1] not in base]
     vocab: dict[str, int] = {}
     for token in [*special, *sorted(base), *(a + b for a, b in merges)]:
         vocab.setdefault(token, len(vocab))
@@ -92,16 +96,11 @@ def train_clip_tokenizer(vocab_size: int = 1000, model_max_length: int = 77) -> 
     backend = CLIPTokenizer().backend_tokenizer
     texts = [backend.normalizer.normalize_str(text) for text in corpus()]
     # The trainer's own `end_of_word_suffix` numbers the suffixed symbols in hash order, which
-    # makes tie-breaks, and so the merges, differ between runs. A plain end-of-word character
-    # is part of the sorted alphabet instead; it becomes "</w>" afterwards.
-    trained = _train(
-        _byte_words(backend.pre_tokenizer, texts, _WORD_END),
-        vocab_size,
-        [BOS, EOS],
-        extra=_WORD_END,
-    )
+    # makes tie-breaks, and so the merges, differ between runs; the twins are sorted instead.
+    words = _byte_words(backend.pre_tokenizer, texts, mark_ends=True)
+    trained = _train(words, vocab_size, [BOS, EOS], extra=sorted(_FROM_WORD_END))
     vocab, merges = _vocab_and_merges(
-        trained, [BOS, EOS], lambda token: token.replace(_WORD_END, "</w>")
+        trained, [BOS, EOS], [*_BYTES, *_FROM_WORD_END.values()], _clip_symbol
     )
     return CLIPTokenizer(
         vocab=vocab,
@@ -117,7 +116,8 @@ def train_clip_tokenizer(vocab_size: int = 1000, model_max_length: int = 77) -> 
 def train_gpt2_tokenizer(vocab_size: int = 1000, model_max_length: int = 1024) -> GPT2Tokenizer:
     """A GPT-2-style tokenizer that pads on the left, as batched generation needs."""
     words = _byte_words(pre_tokenizers.ByteLevel(add_prefix_space=False), corpus())
-    vocab, merges = _vocab_and_merges(_train(words, vocab_size, [EOS]), [EOS])
+    trained = _train(words, vocab_size, [EOS])
+    vocab, merges = _vocab_and_merges(trained, [EOS], _BYTES)
     return GPT2Tokenizer(
         vocab=vocab,
         merges=merges,

@@ -1,0 +1,32 @@
+# Fibermill: `make run` starts everything locally, `make test` runs the test suite.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install models run test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch is pinned (CPU wheel here) in the same resolve as diffusers/transformers/accelerate
+	$(BIN)/python -m pip install -q -e ".[api,worker,models,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+models: install
+	$(BIN)/python -m services.worker.modelbuild --models-dir models
+
+run: models
+	$(BIN)/python -m services.devstack.run
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf run models/tiny-* .pytest_cache

@@ -1,0 +1,124 @@
+"""End to end: REST -> Redis/Celery -> two worker processes -> joined results."""
+
+import io
+import os
+import signal
+import time
+
+import pytest
+from PIL import Image
+
+from shared import names
+
+pytestmark = pytest.mark.e2e
+
+TEXT_PROMPTS = ["Hello there!", "The sun", "A", "The dog barked at"]
+
+
+def _png(stack, job_id: str, index: int) -> bytes:
+    r = stack.http.get(f"/v1/jobs/{job_id}/outputs/{index}")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+    return r.content
+
+
+def test_text_job_joins_in_input_order_across_both_workers(stack):
+    job = stack.run({"task": "text-generation", "model": "tiny-gpt2",
+                     "input": {"prompts": TEXT_PROMPTS, "max_new_tokens": 6}})
+    assert job["status"] == "succeeded", job
+    assert job["progress"] == {"done": 4, "total": 4}
+    assert job["started_at"] and job["completed_at"] and job["metrics"]["run_seconds"] >= 0
+    outs = job["output"]
+    assert len(outs) == 4
+    # Each output equals the same prompt run alone (greedy), so they are in input order.
+    for prompt, out in zip(TEXT_PROMPTS, outs, strict=True):
+        alone = stack.run({"task": "text-generation", "model": "tiny-gpt2",
+                           "input": {"prompts": [prompt], "max_new_tokens": 6}})
+        assert alone["output"][0]["text"] == out["text"]
+        assert out["finish_reason"] in ("stop", "length") and out["tokens"] >= 1
+    # Sub-requests are spread over the two worker processes; try a few jobs to see both.
+    workers = {o["worker"] for o in outs}
+    for _ in range(5):
+        if len(workers) >= 2:
+            break
+        again = stack.run({"task": "text-generation", "model": "tiny-gpt2",
+                           "input": {"prompts": TEXT_PROMPTS, "max_new_tokens": 6}})
+        workers |= {o["worker"] for o in again["output"]}
+    assert len(workers) == 2, workers
+
+
+def test_image_job_sizes_order_and_reproducibility(stack):
+    job = stack.run({"task": "image-generation", "model": "tiny-sd",
+                     "input": {"prompts": ["a red cube", "a blue ball"],
+                               "num_images_per_prompt": 2, "seed": 11,
+                               "width": 64, "height": 48, "steps": 3}})
+    assert job["status"] == "succeeded", job
+    outs = job["output"]
+    assert [o["seed"] for o in outs] == [11, 12, 13, 14]
+    pngs = [_png(stack, job["id"], i) for i in range(4)]
+    for png in pngs:
+        assert Image.open(io.BytesIO(png)).size == (64, 48)
+    # Image 3 (second image of the second prompt, seed 14) equals that prompt alone.
+    alone = stack.run({"task": "image-generation", "model": "tiny-sd",
+                       "input": {"prompts": ["a blue ball"], "seed": 14,
+                                 "width": 64, "height": 48, "steps": 3}})
+    assert _png(stack, alone["id"], 0) == pngs[3]
+    assert pngs[0] != pngs[1]
+
+
+def test_digits_job_matches_contract_example(stack):
+    job = stack.run({"task": "image-generation", "model": "digits",
+                     "input": {"prompts": ["7", "a handwritten three"],
+                               "num_images_per_prompt": 2, "seed": 1}})
+    assert job["status"] == "succeeded", job
+    assert job["progress"] == {"done": 4, "total": 4}
+    for i, out in enumerate(job["output"]):
+        assert out["url"].endswith(f"/v1/jobs/{job['id']}/outputs/{i}")
+        assert Image.open(io.BytesIO(_png(stack, job["id"], i))).size == (16, 16)
+
+
+def test_sdxl_job(stack):
+    job = stack.run({"task": "image-generation", "model": "tiny-sdxl",
+                     "input": {"prompts": ["x"], "width": 64, "height": 64, "steps": 2}})
+    assert job["status"] == "succeeded", job
+
+
+def test_model_that_raises_fails_the_job_and_worker_keeps_serving(stack):
+    job = stack.run({"task": "text-generation", "model": "broken-gpt2",
+                     "input": {"prompts": ["boom"], "temperature": 1.0, "max_new_tokens": 4}})
+    assert job["status"] == "failed"
+    assert job["error"]["code"] == "model_error"
+    assert "probability" in job["error"]["message"] or "nan" in job["error"]["message"].lower()
+    after = stack.run({"task": "text-generation", "model": "tiny-gpt2",
+                       "input": {"prompts": ["still alive"], "max_new_tokens": 3}})
+    assert after["status"] == "succeeded"
+
+
+def test_sigkilled_worker_loses_nothing(stack):
+    # Long enough on CPU that the kill lands while the sub-requests run.
+    job = stack.submit({"task": "image-generation", "model": "digits",
+                        "input": {"prompts": ["4", "5"], "steps": 800, "seed": 3}})
+    deadline = time.time() + 60
+    owners = {}
+    while time.time() < deadline and not owners:
+        owners = {k.decode(): v.decode() for k, v in stack.redis.hgetall(names.LEASE_OWNERS).items()
+                  if k.decode().startswith(job["id"])}
+        time.sleep(0.02)
+    assert owners, "no sub-request of the job started"
+    victim = int(next(iter(owners.values())).rsplit("/", 1)[1])
+    os.kill(victim, signal.SIGKILL)
+    final = stack.wait(job["id"], timeout=180)
+    assert final["status"] == "succeeded", (final, stack.logs())
+    assert len(final["output"]) == 2 and all(final["output"])
+    assert stack.redis.hlen(names.results_key(job["id"])) == 2
+    entries = stack.redis.xrange(names.COMPLETIONS_STREAM)
+    indices = [f[b"index"] for _id, f in entries if f[b"job"].decode() == job["id"]]
+    assert sorted(indices) == [b"0", b"1"]  # each index completed exactly once
+    # The killed sub-request ran on another worker after it, as a second attempt.
+    assert max(int(v) for v in stack.redis.hvals(names.attempts_key(job["id"]))) >= 2
+
+
+def test_models_lists_live_workers(stack):
+    models = {m["name"]: m for m in stack.http.get("/v1/models").json()["models"]}
+    assert {"digits", "tiny-gpt2", "tiny-sd", "tiny-sdxl"} <= set(models)
+    assert models["digits"]["task"] == "image-generation"
+    assert len(models["tiny-gpt2"]["workers"]) >= 1 and models["tiny-gpt2"]["available"]
