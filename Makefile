@@ -30,3 +30,6 @@ lint: install
 
 clean:
 	rm -rf run models/tiny-* .pytest_cache
+
+bench: models
+	$(BIN)/python -m services.devstack.bench

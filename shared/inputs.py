@@ -23,7 +23,8 @@ class _Input(BaseModel):
         if len(self.prompts) > limits.max_prompts:
             raise InvalidInput(
                 "input.prompts",
-                f"{len(self.prompts)} prompts; model {spec.name} takes at most {limits.max_prompts}",
+                f"{len(self.prompts)} prompts; model {spec.name} takes at most "
+                f"{limits.max_prompts}",
             )
         for i, p in enumerate(self.prompts):
             if len(p) > limits.max_prompt_chars:
@@ -47,7 +48,8 @@ class TextGenerationInput(_Input):
         if self.max_new_tokens is not None and self.max_new_tokens > limits.max_new_tokens:
             raise InvalidInput(
                 "input.max_new_tokens",
-                f"{self.max_new_tokens} is above model {spec.name}'s limit of {limits.max_new_tokens}",
+                f"{self.max_new_tokens} is above model {spec.name}'s limit of "
+                f"{limits.max_new_tokens}",
             )
         if len(self.stop) > limits.max_stop_sequences:
             raise InvalidInput("input.stop", f"at most {limits.max_stop_sequences} stop sequences")
@@ -77,7 +79,8 @@ class ImageGenerationInput(_Input):
         if self.num_images_per_prompt > limits.max_images_per_prompt:
             raise InvalidInput(
                 "input.num_images_per_prompt",
-                f"{self.num_images_per_prompt} is above the limit of {limits.max_images_per_prompt}",
+                f"{self.num_images_per_prompt} is above the limit of "
+                f"{limits.max_images_per_prompt}",
             )
         total = len(self.prompts) * self.num_images_per_prompt
         if total > limits.max_prompts * limits.max_images_per_prompt:

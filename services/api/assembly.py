@@ -62,7 +62,8 @@ async def settle(store: JobStore, job_id: str, base_url: str) -> JobStatus | Non
         error = JobError(code=err.code, message=f"sub-request {index}: {err.message}")
         if await finish(store, rec, JobStatus.FAILED, results, base_url, error):
             return JobStatus.FAILED
-    elif len(results) >= rec.total:
-        if await finish(store, rec, JobStatus.SUCCEEDED, results, base_url):
-            return JobStatus.SUCCEEDED
+    elif len(results) >= rec.total and await finish(
+        store, rec, JobStatus.SUCCEEDED, results, base_url
+    ):
+        return JobStatus.SUCCEEDED
     return None

@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis

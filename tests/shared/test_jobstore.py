@@ -6,7 +6,7 @@ import pytest
 
 from shared import names
 from shared.errors import JobNotFound
-from shared.job import JobError, JobStatus
+from shared.job import JobStatus
 from shared.jobstore import JobStore
 from shared.subrequest import SubRequest, SubResult, TextItem
 

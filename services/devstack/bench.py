@@ -1,0 +1,97 @@
+"""`make bench`: latency of one-prompt jobs through a real local stack, written to
+docs/benchmarks.md with the machine and the date."""
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.redis_server import free_port, start_redis
+from shared.settings import REPO_ROOT
+
+FINAL = {"succeeded", "failed", "canceled"}
+
+
+def run_job(http: httpx.Client, body: dict) -> float:
+    t0 = time.perf_counter()
+    job = http.post("/v1/jobs", json=body).json()
+    while job["status"] not in FINAL:
+        time.sleep(0.002)
+        job = http.get(f"/v1/jobs/{job['id']}").json()
+    assert job["status"] == "succeeded", job
+    return time.perf_counter() - t0
+
+
+def measure(http: httpx.Client, body: dict, n: int) -> dict:
+    run_job(http, body)  # warm-up
+    xs = sorted(run_job(http, body) for _ in range(n))
+    return {"n": n, "median": statistics.median(xs), "p90": xs[int(0.9 * (n - 1))],
+            "min": xs[0], "max": xs[-1]}
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}, no GPU"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=30)
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rport, port = free_port(), free_port()
+        redis_proc = start_redis(rport, Path(tmp), appendonly=False)
+        env = {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
+               "FIBERMILL_WORKER_METRICS_PORT": "0", "FIBERMILL_LOG_LEVEL": "WARNING"}
+        workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        api = start_api(port, env)
+        procs = [api, workers, redis_proc]
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_ready(base, timeout=300, procs=[api, workers])
+            with httpx.Client(base_url=base, timeout=60) as http:
+                rows = {
+                    "tiny-gpt2, 1 prompt, 8 new tokens": measure(http, {
+                        "task": "text-generation", "model": "tiny-gpt2",
+                        "input": {"prompts": ["Hello there"], "max_new_tokens": 8}}, args.n),
+                    "digits, 1 image, 50 steps": measure(http, {
+                        "task": "image-generation", "model": "digits",
+                        "input": {"prompts": ["7"], "seed": 1}}, args.n),
+                }
+        finally:
+            stop(procs)
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmarks", "",
+        "Produced by `make bench` (services/devstack/bench.py): a local stack (Redis, API, one",
+        "CPU worker), jobs submitted one at a time, latency from POST to `succeeded` as the",
+        "client sees it (polling every 2 ms).", "",
+        f"Machine: {machine()}. Date: {when}.", "",
+        "| job | n | median (s) | p90 (s) | min (s) | max (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['n']} | {r['median']:.3f} | {r['p90']:.3f} | "
+                     f"{r['min']:.3f} | {r['max']:.3f} |")
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
