@@ -1,0 +1,21 @@
+"""Fixtures for the API's background parts, on the tests' real Redis."""
+
+import pytest
+
+from services.api.dispatch import Dispatcher
+from shared.celery_config import make_celery
+from shared.registry import load_registry
+from shared.settings import Settings
+
+
+@pytest.fixture
+def settings(redis_url, model_dir) -> Settings:
+    return Settings(redis_url=redis_url, model_registry=model_dir / "registry.yaml",
+                    joiner_claim_idle_seconds=0.05, joiner_block_ms=50, max_attempts=2)
+
+
+@pytest.fixture
+def dispatcher(settings):
+    celery = make_celery(settings)
+    yield Dispatcher(celery, load_registry(settings.model_registry))
+    celery.close()
