@@ -72,7 +72,7 @@ return 1
 # KEYS: job, results, leases, owners, attempts.
 # ARGV: index, lease member, worker, now, lease expiry, max attempts.
 # Returns {status, detail}: 'acquired' (attempt number), 'done', 'final', 'gone',
-# 'busy' (another live worker holds it) or 'exhausted' (attempt number).
+# 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempt number).
 ACQUIRE_LEASE = (
     _FINAL
     + """
@@ -80,10 +80,10 @@ local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'gone', ''} end
 if is_final(st) then return {'final', st} end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'done', ''} end
-local owner = redis.call('HGET', KEYS[4], ARGV[2])
-if owner and owner ~= ARGV[3] then
-  local exp = redis.call('ZSCORE', KEYS[3], ARGV[2])
-  if exp and tonumber(exp) > tonumber(ARGV[4]) then return {'busy', owner} end
+-- A live lease means some delivery is running it now (on this worker or another).
+local exp = redis.call('ZSCORE', KEYS[3], ARGV[2])
+if exp and tonumber(exp) > tonumber(ARGV[4]) then
+  return {'busy', redis.call('HGET', KEYS[4], ARGV[2]) or ''}
 end
 local n = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
 if n > tonumber(ARGV[6]) then return {'exhausted', tostring(n)} end

@@ -69,7 +69,7 @@ async def store(aredis) -> JobStore:
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
     """The test models, built from configs (random weights), plus the committed digits model,
-    and one model whose weights are NaN so that sampling from it raises."""
+    and one model that raises when it runs."""
     from services.worker.modelbuild.tiny_diffusion import build_tiny_sd, build_tiny_sdxl
     from services.worker.modelbuild.tiny_gpt2 import build as build_tiny_gpt2
 
@@ -83,22 +83,21 @@ def model_dir(tmp_path_factory) -> Path:
     registry["models"]["broken-gpt2"] = {
         **registry["models"]["tiny-gpt2"],
         "path": "broken-gpt2",
-        "description": "tiny-gpt2 with NaN weights: sampling from it raises",
+        "description": "tiny-gpt2 whose vocabulary does not fit its tokenizer: it raises",
     }
     (d / "registry.yaml").write_text(yaml.safe_dump(registry))
     return d
 
 
 def _broken_copy(src: Path, dst: Path) -> None:
-    import torch
-    from safetensors.torch import load_file, save_file
+    """tiny-gpt2 with its embedding cut to 8 tokens while its tokenizer still has them all:
+    loading works, and running any real prompt raises inside the model (IndexError)."""
+    from transformers import AutoModelForCausalLM
 
     shutil.copytree(src, dst)
-    weights = dst / "model.safetensors"
-    tensors = load_file(weights)
-    name = next(k for k in tensors if k.endswith("ln_f.weight"))
-    tensors[name] = torch.full_like(tensors[name], float("nan"))
-    save_file(tensors, weights, metadata={"format": "pt"})
+    model = AutoModelForCausalLM.from_pretrained(src, local_files_only=True)
+    model.resize_token_embeddings(8)
+    model.save_pretrained(dst)
 
 
 @pytest.fixture

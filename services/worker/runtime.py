@@ -106,6 +106,7 @@ class WorkerRuntime:
         self.call(self._stop_async())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+        self.loop.close()
         for ex in self.executors.values():
             ex.shutdown(wait=False, cancel_futures=True)
 

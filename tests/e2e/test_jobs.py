@@ -84,10 +84,10 @@ def test_sdxl_job(stack):
 
 def test_model_that_raises_fails_the_job_and_worker_keeps_serving(stack):
     job = stack.run({"task": "text-generation", "model": "broken-gpt2",
-                     "input": {"prompts": ["boom"], "temperature": 1.0, "max_new_tokens": 4}})
+                     "input": {"prompts": ["boom"], "max_new_tokens": 4}})
     assert job["status"] == "failed"
     assert job["error"]["code"] == "model_error"
-    assert "probability" in job["error"]["message"] or "nan" in job["error"]["message"].lower()
+    assert "IndexError" in job["error"]["message"]
     after = stack.run({"task": "text-generation", "model": "tiny-gpt2",
                        "input": {"prompts": ["still alive"], "max_new_tokens": 3}})
     assert after["status"] == "succeeded"

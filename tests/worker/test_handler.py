@@ -1,0 +1,88 @@
+"""A worker runtime in this process, on real Redis and real tiny models: leases, write-once
+results, model errors, time limits and dead-lettering."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from services.worker.runtime import WorkerRuntime
+from shared.jobstore import JobStore
+from shared.registry import load_registry
+from shared.settings import Settings
+from shared.subrequest import SubRequest, TextItem
+
+
+@pytest.fixture(scope="module")
+def runtime(redis_server, model_dir):
+    settings = Settings(redis_url=redis_server.url, model_registry=model_dir / "registry.yaml",
+                        worker_models="tiny-gpt2,broken-gpt2", max_attempts=2,
+                        subrequest_time_limit_seconds=1, visibility_timeout_seconds=10,
+                        heartbeat_seconds=0.2, lease_seconds=2)
+    rt = WorkerRuntime(settings, load_registry(settings.model_registry))
+    rt.start()
+    yield rt
+    rt.stop()
+
+
+def _sub(index=0, model="tiny-gpt2", **item) -> SubRequest:
+    item = {"prompt": "hello", "max_new_tokens": 3, **item}
+    return SubRequest(job_id="j1", index=index, model=model, item=TextItem(**item))
+
+
+@pytest.fixture
+def job(runtime, redis_url):
+    def create(total=1):
+        async def go():
+            await runtime.store.create("j1", "text-generation", "tiny-gpt2",
+                                       {"prompts": ["hello"] * total}, total)
+        runtime.call(go())
+    return create
+
+
+def _results(rt: WorkerRuntime):
+    return rt.call(rt.store.results("j1"))
+
+
+def test_runs_once_and_skips_a_duplicate(runtime, job):
+    job()
+    assert runtime.handle(_sub()) == "succeeded"
+    first = _results(runtime)[0]
+    assert first.output["tokens"] == 3 and first.worker == runtime.id
+    assert runtime.handle(_sub()) == "done"
+    assert _results(runtime)[0] == first
+    assert runtime.in_flight == {}
+
+
+def test_concurrent_deliveries_run_the_model_once(runtime, job):
+    job()
+    with ThreadPoolExecutor(4) as pool:  # as Celery's thread pool would deliver them
+        outcomes = list(pool.map(lambda _: runtime.handle(_sub()), range(4)))
+    assert outcomes.count("succeeded") == 1
+    assert set(outcomes) <= {"succeeded", "busy", "done"}
+
+
+def test_model_error_is_stored_and_worker_goes_on(runtime, job):
+    job(total=2)
+    assert runtime.handle(_sub(0, "broken-gpt2")) == "failed"
+    err = _results(runtime)[0].error
+    assert err.code == "model_error" and err.message.startswith("IndexError")
+    assert runtime.handle(_sub(1)) == "succeeded"
+
+
+def test_time_limit_stops_a_long_run(runtime, job):
+    job()
+    t0 = time.time()
+    assert runtime.handle(_sub(max_new_tokens=100_000)) == "time_limit"
+    assert time.time() - t0 < 10
+    assert _results(runtime)[0].error.code == "time_limit_exceeded"
+
+
+def test_exhausted_attempts_are_dead_lettered(runtime, job):
+    job()
+    store: JobStore = runtime.store
+    for _ in range(2):  # two earlier attempts that each lost their worker
+        runtime.call(store.acquire_lease(_sub(), "dead", lease_seconds=-1, max_attempts=2))
+        runtime.call(store.claim_expired_leases())
+    assert runtime.handle(_sub()) == "exhausted"
+    assert _results(runtime)[0].error.code == "dead_lettered"
