@@ -15,8 +15,10 @@ FINAL = {"succeeded", "failed", "canceled"}
 
 
 class Stack:
-    def __init__(self, base_url: str, redis_url: str, log_dir: Path) -> None:
+    def __init__(self, base_url: str, redis_url: str, log_dir: Path, other_url: str) -> None:
         self.base_url = base_url
+        # A second API replica: jobs submitted to one can be read, and are joined, by either.
+        self.other = httpx.Client(base_url=other_url, timeout=30)
         self.redis_url = redis_url
         self.redis = redis.Redis.from_url(redis_url)
         self.http = httpx.Client(base_url=base_url, timeout=30)
@@ -31,6 +33,15 @@ class Stack:
         deadline = time.time() + timeout
         while time.time() < deadline:
             job = self.http.get(f"/v1/jobs/{job_id}").json()
+            if job["status"] in FINAL:
+                return job
+            time.sleep(0.05)
+        raise AssertionError(f"job {job_id} not final after {timeout}s: {job}")
+
+    def wait_other(self, job_id: str, timeout: float = 120) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            job = self.other.get(f"/v1/jobs/{job_id}").json()
             if job["status"] in FINAL:
                 return job
             time.sleep(0.05)
@@ -60,19 +71,22 @@ def stack(redis_server, model_dir, tmp_path_factory):
         "FIBERMILL_WORKER_METRICS_PORT": str(free_port()),
         "FIBERMILL_LOG_LEVEL": "WARNING",
     }
-    port = free_port()
-    api_log = open(logs / "api.log", "w")  # noqa: SIM115 - closed below
-    workers_log = open(logs / "workers.log", "w")  # noqa: SIM115
-    workers = start_workers(env, stdout=workers_log, stderr=workers_log)
-    api = start_api(port, env, stdout=api_log, stderr=api_log)
-    s = Stack(f"http://127.0.0.1:{port}", redis_server.url, logs)
+    port, port2 = free_port(), free_port()
+    logfiles = [open(logs / f"{n}.log", "w") for n in ("api", "api2", "workers")]  # noqa: SIM115
+    workers = start_workers(env, stdout=logfiles[2], stderr=logfiles[2])
+    api = start_api(port, env, stdout=logfiles[0], stderr=logfiles[0])
+    api2 = start_api(port2, env, stdout=logfiles[1], stderr=logfiles[1])
+    procs = [api, api2, workers]
+    s = Stack(f"http://127.0.0.1:{port}", redis_server.url, logs, f"http://127.0.0.1:{port2}")
     try:
-        wait_ready(s.base_url, timeout=240, workers=2, procs=[api, workers])
+        wait_ready(s.base_url, timeout=240, workers=2, procs=procs)
+        wait_ready(f"http://127.0.0.1:{port2}", timeout=30, workers=2, procs=procs)
     except Exception:
-        stop([api, workers])
+        stop(procs)
         raise AssertionError(f"stack did not start:\n{s.logs()}") from None
     yield s
     s.http.close()
-    stop([api, workers])
-    api_log.close()
-    workers_log.close()
+    s.other.close()
+    stop(procs)
+    for f in logfiles:
+        f.close()

@@ -22,18 +22,13 @@ from diffusers import (
 from PIL import Image
 
 from services.worker.pipelines.base import ImageResult, Pipeline, ShouldStop
+from services.worker.pipelines.stopped import PipelineStopped
 from shared.class_prompts import resolve_class
 from shared.subrequest import ImageItem
 
 
-class PipelineStopped(Exception):
-    """`should_stop()` returned True, so the run ended before its images were made."""
-
-
 def _settings(items: Sequence[ImageItem]) -> tuple[int, int, int, float]:
     """The width, height, steps and guidance every item in a batch must share."""
-    if not items:
-        raise ValueError("an image batch needs at least one item")
     shared = {(i.width, i.height, i.steps, i.guidance_scale) for i in items}
     if len(shared) != 1:
         raise ValueError(f"items in one batch must share size, steps and guidance: {shared}")
@@ -69,7 +64,7 @@ class _LatentDiffusionPipeline(Pipeline):
 
     def setup(self) -> None:
         pipe = self.pipeline_class.from_pretrained(
-            self.spec.path, torch_dtype=self.dtype, local_files_only=True, **self._load_options()
+            self.spec.path, dtype=self.dtype, local_files_only=True, **self._load_options()
         )
         pipe.set_progress_bar_config(disable=True)
         self.pipe = pipe.to(self.device)
@@ -86,6 +81,8 @@ class _LatentDiffusionPipeline(Pipeline):
     def run(
         self, items: Sequence[ImageItem], should_stop: ShouldStop | None = None
     ) -> list[ImageResult]:
+        if not items:
+            return []
         width, height, steps, guidance = _settings(items)
         pipe = self.pipe
         scale = pipe.vae_scale_factor
@@ -93,7 +90,8 @@ class _LatentDiffusionPipeline(Pipeline):
             raise ValueError(f"width and height must be multiples of {scale}")
         _check_stop(should_stop)
         generators = _generators(items)
-        latents = _noise(generators, (pipe.unet.config.in_channels, height // scale, width // scale))
+        shape = (pipe.unet.config.in_channels, height // scale, width // scale)
+        latents = _noise(generators, shape)
 
         def stop_between_steps(_pipe, _step, _timestep, _tensors) -> dict:
             _check_stop(should_stop)
@@ -165,7 +163,7 @@ class ClassDDPMImagePipeline(Pipeline):
     def setup(self) -> None:
         path = self.spec.path
         self.unet = UNet2DModel.from_pretrained(
-            path, subfolder="unet", torch_dtype=self.dtype, local_files_only=True
+            path, subfolder="unet", dtype=self.dtype, local_files_only=True
         ).to(self.device)
         self.unet.eval()
         # Trained as a 1000-step DDPM; DDIM samples the same model well in tens of steps and,
@@ -186,6 +184,8 @@ class ClassDDPMImagePipeline(Pipeline):
     def run(
         self, items: Sequence[ImageItem], should_stop: ShouldStop | None = None
     ) -> list[ImageResult]:
+        if not items:
+            return []
         width, height, steps, guidance = _settings(items)
         size = self.unet.config.sample_size
         if (width, height) != (size, size):

@@ -1,0 +1,56 @@
+"""Models and loaded pipelines shared by the worker tests (built once per session)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.worker.modelbuild import tiny_diffusion
+from services.worker.modelbuild.digits import CLASSES
+from services.worker.pipelines.image import (
+    ClassDDPMImagePipeline,
+    StableDiffusionImagePipeline,
+    StableDiffusionXLImagePipeline,
+)
+from shared.registry import ModelSpec
+
+DIGITS_DIR = Path(__file__).resolve().parents[2] / "models" / "digits"
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny-sd"
+    tiny_diffusion.build_tiny_sd(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_sdxl_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny-sdxl"
+    tiny_diffusion.build_tiny_sdxl(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def sd_pipeline(tiny_sd_dir) -> StableDiffusionImagePipeline:
+    spec = ModelSpec(name="tiny-sd", kind="stable-diffusion", path=tiny_sd_dir)
+    pipeline = StableDiffusionImagePipeline(spec, CPU)
+    pipeline.setup()
+    return pipeline
+
+
+@pytest.fixture(scope="session")
+def sdxl_pipeline(tiny_sdxl_dir) -> StableDiffusionXLImagePipeline:
+    spec = ModelSpec(name="tiny-sdxl", kind="stable-diffusion-xl", path=tiny_sdxl_dir)
+    pipeline = StableDiffusionXLImagePipeline(spec, CPU)
+    pipeline.setup()
+    return pipeline
+
+
+@pytest.fixture(scope="session")
+def digits_pipeline() -> ClassDDPMImagePipeline:
+    spec = ModelSpec(name="digits", kind="class-ddpm", path=DIGITS_DIR, classes=CLASSES)
+    pipeline = ClassDDPMImagePipeline(spec, CPU)
+    pipeline.setup()
+    return pipeline

@@ -1,0 +1,103 @@
+"""The committed digits model: it draws the digit asked for, and batching changes nothing."""
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from services.worker.modelbuild import digits
+from services.worker.pipelines.stopped import PipelineStopped
+from shared.errors import InvalidInput
+from shared.subrequest import ImageItem
+
+DIGITS_DIR = Path(__file__).resolve().parents[2] / "models" / "digits"
+
+
+def item(prompt="7", seed=0, label=None, steps=digits.STEPS, size=16):
+    return ImageItem(
+        prompt=prompt,
+        width=size,
+        height=size,
+        steps=steps,
+        guidance_scale=digits.GUIDANCE,
+        seed=seed,
+        class_label=label,
+    )
+
+
+def pixels(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png)))
+
+
+@pytest.fixture(scope="module")
+def svm():
+    return digits.classifier()
+
+
+def test_committed_model_is_small():
+    files = [p for p in DIGITS_DIR.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files)
+    assert sum(p.stat().st_size for p in files) < 8 * 2**20
+
+
+def test_samples_read_as_the_requested_digit():
+    assert digits.evaluate(DIGITS_DIR, n_per_class=10, seed=1000) >= 0.9
+
+
+def test_png_is_grayscale_16x16(digits_pipeline):
+    [result] = digits_pipeline.run([item(label=4, seed=9)])
+    image = Image.open(io.BytesIO(result.png))
+    assert (image.format, image.mode, image.size) == ("PNG", "L", (16, 16))
+    assert (result.width, result.height, result.seed) == (16, 16, 9)
+
+
+def test_prompt_selects_the_class(digits_pipeline, svm):
+    by_label = digits_pipeline.run([item("x", seed=s, label=7) for s in range(3)])
+    by_word = digits_pipeline.run([item("a handwritten seven", seed=s) for s in range(3)])
+    assert [r.png for r in by_word] == [r.png for r in by_label]
+    threes = digits_pipeline.run([item("3", seed=s) for s in range(6)])
+    read = svm.predict(digits.to_8x8(np.stack([pixels(r.png) for r in threes])))
+    assert (read == 3).sum() >= 5
+
+
+def test_prompt_naming_no_class_is_refused(digits_pipeline):
+    with pytest.raises(InvalidInput):
+        digits_pipeline.run([item("a horse")])
+
+
+def test_batch_of_two_is_byte_identical_to_alone(digits_pipeline):
+    items = [item(label=2, seed=21), item(label=8, seed=22)]
+    alone = [digits_pipeline.run([i])[0].png for i in items]
+    assert [r.png for r in digits_pipeline.run(items)] == alone
+
+
+def test_larger_batch_matches_alone(digits_pipeline):
+    items = [item(label=i % 10, seed=100 + i) for i in range(12)]
+    alone = [pixels(digits_pipeline.run([i])[0].png).astype(int) for i in items]
+    batched = digits_pipeline.run(items)
+    for one, many in zip(alone, batched, strict=True):
+        assert np.abs(pixels(many.png).astype(int) - one).max() <= 1
+
+
+def test_different_seeds_differ(digits_pipeline):
+    a, b = digits_pipeline.run([item(label=5, seed=1), item(label=5, seed=2)])
+    assert a.png != b.png
+
+
+def test_should_stop_ends_the_run_early(digits_pipeline):
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        return len(calls) >= 4
+
+    with pytest.raises(PipelineStopped):
+        digits_pipeline.run([item(label=1)], should_stop)
+    assert len(calls) == 4
+
+
+def test_wrong_size_is_refused(digits_pipeline):
+    with pytest.raises(ValueError, match="16x16"):
+        digits_pipeline.run([item(label=1, size=32)])
