@@ -46,14 +46,13 @@ def wait_ready(base_url: str, timeout: float = 120.0, workers: int = 1,
 
 
 def stop(procs: list[subprocess.Popen], timeout: float = 30.0) -> None:
-    """SIGTERM in order (graceful), then SIGKILL whatever is left after `timeout`."""
+    """Stop one after another, in the order given (SIGTERM, then SIGKILL after `timeout`), so
+    that a process still shutting down can reach the ones it depends on (Redis last)."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
-    deadline = time.time() + timeout
-    for p in procs:
         try:
-            p.wait(timeout=max(0.1, deadline - time.time()))
+            p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()

@@ -29,7 +29,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_redis(port: int, workdir: Path, appendonly: bool = True) -> subprocess.Popen:
+def start_redis(port: int, workdir: Path, appendonly: bool = True,
+                **popen) -> subprocess.Popen:
     """Start redis-server on 127.0.0.1:port, with AOF so a restart keeps jobs, and wait for it."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -37,7 +38,7 @@ def start_redis(port: int, workdir: Path, appendonly: bool = True) -> subprocess
         "--save", "", "--appendonly", "yes" if appendonly else "no",
         "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, **popen)
     client = redis.Redis(port=port)
     deadline = time.time() + 10
     while time.time() < deadline:

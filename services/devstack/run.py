@@ -42,13 +42,15 @@ def main() -> int:
         print(f"Redis:   {os.environ['FIBERMILL_REDIS_URL']} (from FIBERMILL_REDIS_URL)")
     else:
         redis_port = free_port()
-        redis_proc = start_redis(redis_port, RUN_DIR / "redis")
+        redis_proc = start_redis(redis_port, RUN_DIR / "redis", start_new_session=True)
         procs.append(redis_proc)
         _write_pid("redis", redis_proc.pid)
         env["FIBERMILL_REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
         print(f"Redis:   {env['FIBERMILL_REDIS_URL']} (started here, data in run/redis)")
-    workers = start_workers(env)
-    api = start_api(port, env, host=os.environ.get("FIBERMILL_API_HOST", "0.0.0.0"))
+    # Own sessions: a Ctrl-C reaches only this runner, which stops the rest in order.
+    workers = start_workers(env, start_new_session=True)
+    api = start_api(port, env, host=os.environ.get("FIBERMILL_API_HOST", "0.0.0.0"),
+                    start_new_session=True)
     _write_pid("workers", workers.pid)
     _write_pid("api", api.pid)
     procs = [api, workers, *procs]  # stop order: API, workers, then Redis

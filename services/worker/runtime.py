@@ -117,7 +117,10 @@ class WorkerRuntime:
             t.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         if self.redis is not None:
-            await withdraw(self.redis, self.id)
+            try:
+                await withdraw(self.redis, self.id)
+            except Exception:  # Redis may already be gone; the heartbeat key expires anyway
+                log.warning("could not withdraw worker %s from Redis", self.id)
             await self.redis.aclose()
 
     def call(self, coro):
