@@ -29,19 +29,11 @@ class Stack:
         assert r.status_code == 202, r.text
         return r.json()
 
-    def wait(self, job_id: str, timeout: float = 120) -> dict:
+    def wait(self, job_id: str, timeout: float = 120, client: httpx.Client | None = None) -> dict:
+        client = client or self.http
         deadline = time.time() + timeout
         while time.time() < deadline:
-            job = self.http.get(f"/v1/jobs/{job_id}").json()
-            if job["status"] in FINAL:
-                return job
-            time.sleep(0.05)
-        raise AssertionError(f"job {job_id} not final after {timeout}s: {job}")
-
-    def wait_other(self, job_id: str, timeout: float = 120) -> dict:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            job = self.other.get(f"/v1/jobs/{job_id}").json()
+            job = client.get(f"/v1/jobs/{job_id}").json()
             if job["status"] in FINAL:
                 return job
             time.sleep(0.05)

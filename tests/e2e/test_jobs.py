@@ -24,7 +24,7 @@ def _png(stack, job_id: str, index: int) -> bytes:
 def test_text_job_joins_in_input_order_across_both_workers(stack):
     submitted = stack.submit({"task": "text-generation", "model": "tiny-gpt2",
                               "input": {"prompts": TEXT_PROMPTS, "max_new_tokens": 6}})
-    job = stack.wait_other(submitted["id"])  # read from the other API replica
+    job = stack.wait(submitted["id"], client=stack.other)  # read from the other API replica
     assert job["status"] == "succeeded", job
     assert job["progress"] == {"done": 4, "total": 4}
     assert job["started_at"] and job["completed_at"] and job["metrics"]["run_seconds"] >= 0

@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.worker.modelbuild import tiny_diffusion
 from services.worker.modelbuild.digits import CLASSES
 from services.worker.pipelines.image import (
     ClassDDPMImagePipeline,
@@ -19,17 +18,13 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="session")
-def tiny_sd_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "tiny-sd"
-    tiny_diffusion.build_tiny_sd(path)
-    return path
+def tiny_sd_dir(model_dir) -> Path:
+    return model_dir / "tiny-sd"
 
 
 @pytest.fixture(scope="session")
-def tiny_sdxl_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "tiny-sdxl"
-    tiny_diffusion.build_tiny_sdxl(path)
-    return path
+def tiny_sdxl_dir(model_dir) -> Path:
+    return model_dir / "tiny-sdxl"
 
 
 @pytest.fixture(scope="session")
