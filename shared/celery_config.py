@@ -4,6 +4,11 @@ from celery import Celery
 
 from shared.settings import Settings
 
+# One Redis list per priority: kombu names them `queue` (0), `queue:1` ... `queue:9` and BRPOPs
+# them in this order, so 0 is served first, matching JobOptions.priority (0 highest).
+PRIORITY_STEPS = list(range(10))
+PRIORITY_SEP = ":"
+
 
 def make_celery(settings: Settings, name: str = "fibermill") -> Celery:
     app = Celery(name, broker=settings.redis_url)
@@ -23,6 +28,12 @@ def make_celery(settings: Settings, name: str = "fibermill") -> Celery:
             # Redis redelivers unacknowledged messages after this long; it must exceed the
             # longest legitimate run or a running sub-request would be handed out twice.
             "visibility_timeout": settings.visibility_timeout_seconds,
+            "priority_steps": PRIORITY_STEPS,
+            "sep": PRIORITY_SEP,
+            # Message priority comes from the BRPOP key order alone. The order between queues
+            # only breaks ties at equal priority; "priority" would always prefer the first
+            # model in a worker's -Q list and starve the others, round robin takes turns.
+            "queue_order_strategy": "round_robin",
         },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -44,7 +44,43 @@ class InvalidTransition(FibermillError):
 
 
 class ServiceUnavailable(FibermillError):
+    """Try again later: a model's queue is full, or a dependency is down."""
+
     code = "unavailable"
+
+    def __init__(self, message: str, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RateLimited(FibermillError):
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Unauthorized(FibermillError):
+    code = "unauthorized"
+
+
+class IdempotencyConflict(FibermillError):
+    """The Idempotency-Key was used before with a different request body."""
+
+    code = "idempotency_conflict"
+
+
+class PayloadTooLarge(FibermillError):
+    code = "payload_too_large"
+
+
+class DeadlineExceeded(FibermillError):
+    code = "deadline_exceeded"
+
+
+class Canceled(FibermillError):
+    code = "canceled"
 
 
 class ModelError(FibermillError):

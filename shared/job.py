@@ -4,7 +4,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from shared.inputs import ImageGenerationInput, TextGenerationInput
 
@@ -24,15 +24,38 @@ class JobStatus(StrEnum):
 FINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
 
 
-class TextJobRequest(BaseModel):
+WebhookEvent = Literal["start", "progress", "completed"]
+MAX_PRIORITY = 9
+DEFAULT_PRIORITY = 5
+
+
+class JobOptions(BaseModel):
+    """Request fields beyond the task's input: delivery, priority, deadline."""
+
     model_config = ConfigDict(extra="forbid")
+    webhook: AnyHttpUrl | None = None
+    webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: ["completed"])
+    priority: int = Field(DEFAULT_PRIORITY, ge=0, le=MAX_PRIORITY, description="0 is highest")
+    deadline_seconds: float | None = Field(None, gt=0)
+
+
+class JobMeta(JobOptions):
+    """What is stored with a job besides its input: the options and who submitted it."""
+
+    owner: str | None = None  # the id of the API key that submitted the job
+    idempotency_key: str | None = None
+
+    def wants(self, event: WebhookEvent) -> bool:
+        return self.webhook is not None and event in self.webhook_events_filter
+
+
+class TextJobRequest(JobOptions):
     task: Literal["text-generation"]
     model: str
     input: TextGenerationInput
 
 
-class ImageJobRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ImageJobRequest(JobOptions):
     task: Literal["image-generation"]
     model: str
     input: ImageGenerationInput
@@ -62,6 +85,17 @@ class JobUrls(BaseModel):
     events: str
 
 
+class WebhookDelivery(BaseModel):
+    """One attempt to deliver one webhook event."""
+
+    webhook_id: str
+    event: WebhookEvent
+    attempt: int
+    status_code: int | None = None
+    error: str | None = None
+    at: datetime
+
+
 class Job(BaseModel):
     id: str
     task: str
@@ -76,3 +110,8 @@ class Job(BaseModel):
     completed_at: datetime | None = None
     metrics: JobMetrics
     urls: JobUrls
+    priority: int = DEFAULT_PRIORITY
+    deadline_seconds: float | None = None
+    webhook: str | None = None
+    webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: ["completed"])
+    webhook_deliveries: list[WebhookDelivery] = Field(default_factory=list)

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from shared import lua, names
 from shared.errors import InvalidTransition, JobNotFound
-from shared.job import FINAL_STATUSES, JobError, JobStatus
+from shared.job import FINAL_STATUSES, JobError, JobMeta, JobStatus, WebhookDelivery
 from shared.subrequest import SubRequest, SubResult
 
 STREAM_MAXLEN = 100_000
@@ -32,7 +32,8 @@ class JobRecord:
     completed_at: float | None = None
     output: list[dict[str, Any] | None] | None = None
     error: JobError | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+    meta: JobMeta = field(default_factory=JobMeta)
+    webhook_deliveries: list[WebhookDelivery] = field(default_factory=list)
 
     @property
     def final(self) -> bool:
@@ -64,10 +65,13 @@ class JobStore:
     # Jobs -----------------------------------------------------------------------------------
 
     async def create(
-        self, job_id: str, task: str, model: str, input: dict[str, Any], total: int
+        self, job_id: str, task: str, model: str, input: dict[str, Any], total: int,
+        meta: JobMeta | None = None,
     ) -> JobRecord:
         now = time.time()
+        meta = meta or JobMeta()
         mapping = {
+            "meta": meta.model_dump_json(),
             "task": task,
             "model": model,
             "input": json.dumps(input),
@@ -80,8 +84,10 @@ class JobStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(names.job_key(job_id), mapping=mapping)
             pipe.zadd(names.DISPATCHING, {job_id: now})
+            if meta.deadline_seconds is not None:
+                pipe.zadd(names.DEADLINES, {job_id: now + meta.deadline_seconds})
             await pipe.execute()
-        return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, now)
+        return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, now, meta=meta)
 
     async def mark_dispatched(self, job_id: str) -> None:
         await self.redis.zrem(names.DISPATCHING, job_id)
@@ -98,22 +104,11 @@ class JobStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(names.job_key(job_id))
             pipe.hlen(names.results_key(job_id))
-            raw, done = await pipe.execute()
+            pipe.lrange(names.webhooks_key(job_id), 0, -1)
+            raw, done, deliveries = await pipe.execute()
         if not raw or b"task" not in raw:
             raise JobNotFound(job_id)
         h = {k.decode(): v for k, v in raw.items()}
-        known = {
-            "task",
-            "model",
-            "input",
-            "total",
-            "status",
-            "created_at",
-            "started_at",
-            "completed_at",
-            "output",
-            "error",
-        }
         return JobRecord(
             id=job_id,
             task=h["task"].decode(),
@@ -127,7 +122,8 @@ class JobStore:
             completed_at=_f(h.get("completed_at")),
             output=json.loads(h["output"]) if h.get("output") else None,
             error=JobError.model_validate_json(h["error"]) if h.get("error") else None,
-            extra={k: v.decode() for k, v in h.items() if k not in known},
+            meta=JobMeta.model_validate_json(h["meta"]) if h.get("meta") else JobMeta(),
+            webhook_deliveries=[WebhookDelivery.model_validate_json(d) for d in deliveries],
         )
 
     async def transition(
@@ -158,6 +154,7 @@ class JobStore:
                 names.results_key(job_id),
                 names.blobs_key(job_id),
                 names.attempts_key(job_id),
+                names.webhooks_key(job_id),
             ],
             args=[
                 status.value,
@@ -169,7 +166,23 @@ class JobStore:
         )
         if res == -1:
             raise JobNotFound(job_id)
+        if res == 1:
+            await self.redis.zrem(names.DEADLINES, job_id)
         return res == 1
+
+    async def record_delivery(self, job_id: str, delivery: WebhookDelivery) -> None:
+        """Append a webhook attempt to the job; it expires with the job."""
+        key = names.webhooks_key(job_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, delivery.model_dump_json())
+            pipe.expire(key, self.finished_ttl)
+            await pipe.execute()
+
+    async def claim_due_deadlines(self, limit: int = 100) -> list[str]:
+        """Jobs past their deadline; ZREM makes exactly one replica take each."""
+        ids = await self.redis.zrangebyscore(names.DEADLINES, "-inf", time.time(),
+                                             start=0, num=limit)
+        return [i.decode() for i in ids if await self.redis.zrem(names.DEADLINES, i)]
 
     # Sub-results ----------------------------------------------------------------------------
 
@@ -214,21 +227,10 @@ class JobStore:
     ) -> LeaseGrant:
         now = time.time()
         outcome, detail = await self._acquire(
-            keys=[
-                names.job_key(sub.job_id),
-                names.results_key(sub.job_id),
-                names.LEASES,
-                names.LEASE_OWNERS,
-                names.attempts_key(sub.job_id),
-            ],
-            args=[
-                sub.index,
-                sub.member,
-                worker,
-                repr(now),
-                repr(now + lease_seconds),
-                max_attempts,
-            ],
+            keys=[names.job_key(sub.job_id), names.results_key(sub.job_id), names.LEASES,
+                  names.LEASE_OWNERS, names.attempts_key(sub.job_id), names.COMPLETIONS_STREAM],
+            args=[sub.index, sub.member, worker, repr(now), repr(now + lease_seconds),
+                  max_attempts, sub.job_id, STREAM_MAXLEN],
         )
         outcome = outcome.decode()
         attempt = int(detail) if outcome in ("acquired", "exhausted") else 0

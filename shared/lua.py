@@ -64,13 +64,14 @@ if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[3]) end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*',
-  'job', ARGV[4], 'index', ARGV[1], 'ok', ARGV[5])
+  'job', ARGV[4], 'kind', 'result', 'index', ARGV[1], 'ok', ARGV[5])
 return 1
 """
 )
 
-# KEYS: job, results, leases, owners, attempts.
-# ARGV: index, lease member, worker, now, lease expiry, max attempts.
+# KEYS: job, results, leases, owners, attempts, completion stream.
+# ARGV: index, lease member, worker, now, lease expiry, max attempts, job id, stream maxlen.
+# The first sub-request to start moves the job to running and announces it on the stream.
 # Returns {status, detail}: 'acquired' (attempt number), 'done', 'final', 'gone',
 # 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempt number).
 ACQUIRE_LEASE = (
@@ -92,6 +93,7 @@ redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
 if st == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'running')
   redis.call('HSETNX', KEYS[1], 'started_at', ARGV[4])
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'job', ARGV[7], 'kind', 'started')
 end
 return {'acquired', tostring(n)}
 """

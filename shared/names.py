@@ -9,6 +9,8 @@ LEASES = f"{PREFIX}:leases"
 LEASE_OWNERS = f"{PREFIX}:lease_owners"
 DEAD_LETTER = f"{PREFIX}:deadletter"
 DISPATCHING = f"{PREFIX}:dispatching"
+DEADLINES = f"{PREFIX}:deadlines"
+CANCEL_CHANNEL = f"{PREFIX}:cancel"  # pub/sub: job ids whose running sub-requests must stop
 WORKER_PREFIX = f"{PREFIX}:worker:"
 
 
@@ -31,6 +33,15 @@ def blobs_key(job_id: str) -> str:
 
 def attempts_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:attempts"
+
+
+def webhooks_key(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:webhooks"
+
+
+def events_channel(job_id: str) -> str:
+    """Pub/sub channel of one job's live events (status, progress, denoise steps)."""
+    return f"{PREFIX}:events:{job_id}"
 
 
 def worker_key(name: str) -> str:

@@ -66,6 +66,8 @@ class ModelSpec(BaseModel):
     max_batch: int = Field(8, ge=1)
     max_wait_ms: int = Field(5, ge=0)
     pool_sets: int = Field(2, ge=0)
+    # Backpressure: sub-requests waiting in this model's queue past which submits get a 503.
+    max_queue_depth: int | None = Field(None, ge=1)
 
     @property
     def task(self) -> Task:

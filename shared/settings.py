@@ -43,6 +43,21 @@ class Settings(BaseSettings):
 
     public_url: str = ""  # base for output URLs; empty gives relative URLs
 
+    # Access and limits
+    api_keys: str = ""  # comma-separated; empty leaves the API open
+    rate_limit_per_minute: float = Field(600, gt=0)  # job submissions per key
+    rate_limit_burst: int = Field(60, ge=1)
+    max_queue_depth: int = Field(10_000, ge=1)  # per model, unless its registry entry says
+    max_wait_seconds: int = Field(60, ge=0)  # the most `Prefer: wait=N` may ask for
+    max_deadline_seconds: int = Field(7 * 24 * 3600, ge=1)
+
+    # Webhooks
+    webhook_secret: str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # replace in deployment
+    webhook_allow_private: bool = False  # allow loopback/private targets (local development)
+    webhook_timeout_seconds: float = Field(10.0, gt=0)
+    webhook_retry_total_seconds: float = Field(3600.0, gt=0)
+    webhook_progress_interval_seconds: float = Field(1.0, ge=0)
+
     @model_validator(mode="after")
     def _visibility_above_time_limit(self) -> "Settings":
         # The broker must not redeliver a sub-request that is still legitimately running.
@@ -54,6 +69,10 @@ class Settings(BaseSettings):
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
         return self
+
+    @property
+    def api_key_list(self) -> list[str]:
+        return [k.strip() for k in self.api_keys.split(",") if k.strip()]
 
     @property
     def served_models(self) -> list[str]:

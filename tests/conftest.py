@@ -54,6 +54,14 @@ def redis_url(redis_server) -> str:
     return redis_server.url
 
 
+def queued(redis_url: str, model: str) -> int:
+    """Sub-requests waiting in a model's queue, over all of its priority lists."""
+    from shared.queue_depth import priority_lists
+
+    client = redis.Redis.from_url(redis_url)
+    return sum(client.llen(key) for key in priority_lists(model))
+
+
 @pytest.fixture
 async def aredis(redis_url):
     client = aioredis.Redis.from_url(redis_url)

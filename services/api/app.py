@@ -1,4 +1,5 @@
-"""The FastAPI application: routes, plus the joiner and the janitor as background tasks."""
+"""The FastAPI application: routes, plus the joiner, the janitor and the webhook sender as
+background tasks that every replica runs."""
 
 import asyncio
 import contextlib
@@ -11,32 +12,42 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from services.api import errors
+from services.api.body_limit import BodyLimitMiddleware
 from services.api.dispatch import Dispatcher
 from services.api.janitor import Janitor
 from services.api.joiner import Joiner
+from services.api.lifecycle import Lifecycle
+from services.api.notify import Notifier
+from services.api.ratelimit import RateLimiter
 from services.api.routes import health, jobs, models
+from services.api.webhooks.outbox import Outbox
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
 from shared.registry import load_registry
-from shared.settings import Settings, get_settings
+from shared.settings import get_settings
 
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: Settings = get_settings()
+    settings = get_settings()
     redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
     store = JobStore(redis, settings.finished_job_ttl_seconds)
     registry = load_registry(settings.model_registry)
     celery = make_celery(settings, name="fibermill-api")
     dispatcher = Dispatcher(celery, registry)
     consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    app.state.redis, app.state.store, app.state.registry = redis, store, registry
-    app.state.dispatcher = dispatcher
-    app.state.joiner = Joiner(redis, store, settings, consumer)
-    app.state.janitor = Janitor(store, dispatcher, settings)
+    outbox = Outbox(redis, store, settings, consumer)
+    lifecycle = Lifecycle(store, Notifier(redis, outbox, settings.public_url), settings.public_url)
+    s = app.state
+    s.redis, s.store, s.registry, s.dispatcher = redis, store, registry, dispatcher
+    s.outbox, s.lifecycle = outbox, lifecycle
+    s.limiter = RateLimiter(redis, settings)
+    s.joiner = Joiner(redis, lifecycle, settings, consumer)
+    s.janitor = Janitor(store, dispatcher, lifecycle, settings)
     tasks = [
-        asyncio.create_task(app.state.joiner.run(), name="joiner"),
-        asyncio.create_task(app.state.janitor.run(), name="janitor"),
+        asyncio.create_task(s.joiner.run(), name="joiner"),
+        asyncio.create_task(s.janitor.run(), name="janitor"),
+        asyncio.create_task(outbox.run(), name="webhooks"),
     ]
     try:
         yield
@@ -50,6 +61,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def create_app() -> FastAPI:
     app = FastAPI(title="Fibermill", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_body_bytes)
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(models.router)

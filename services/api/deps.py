@@ -2,9 +2,14 @@
 
 from typing import Annotated
 
+import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
+from services.api.auth import PrincipalDep
 from services.api.dispatch import Dispatcher
+from services.api.lifecycle import Lifecycle
+from services.api.ratelimit import RateLimiter
+from shared.errors import JobNotFound
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry
 from shared.settings import Settings, get_settings
@@ -24,13 +29,31 @@ def _dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 
+def _redis(request: Request) -> aioredis.Redis:
+    return request.app.state.redis
+
+
+def _lifecycle(request: Request) -> Lifecycle:
+    return request.app.state.lifecycle
+
+
+def _limiter(request: Request) -> RateLimiter:
+    return request.app.state.limiter
+
+
 JobStoreDep = Annotated[JobStore, Depends(_store)]
+RedisDep = Annotated[aioredis.Redis, Depends(_redis)]
+LifecycleDep = Annotated[Lifecycle, Depends(_lifecycle)]
+RateLimiterDep = Annotated[RateLimiter, Depends(_limiter)]
 RegistryDep = Annotated[ModelRegistry, Depends(_registry)]
 DispatcherDep = Annotated[Dispatcher, Depends(_dispatcher)]
 
 
-async def _job(job_id: str, store: JobStoreDep) -> JobRecord:
-    return await store.get(job_id)  # JobNotFound becomes a 404 in services/api/errors.py
+async def _job(job_id: str, store: JobStoreDep, principal: PrincipalDep) -> JobRecord:
+    rec = await store.get(job_id)  # JobNotFound becomes a 404 in services/api/errors.py
+    if principal.key_id is not None and rec.meta.owner != principal.key_id:
+        raise JobNotFound(job_id)  # another key's job: as if it did not exist
+    return rec
 
 
 JobDep = Annotated[JobRecord, Depends(_job)]

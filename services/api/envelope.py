@@ -39,4 +39,9 @@ def envelope(rec: JobRecord, base_url: str = "") -> Job:
         completed_at=_dt(rec.completed_at),
         metrics=metrics,
         urls=JobUrls(get=path, cancel=f"{path}/cancel", events=f"{path}/events"),
+        priority=rec.meta.priority,
+        deadline_seconds=rec.meta.deadline_seconds,
+        webhook=str(rec.meta.webhook) if rec.meta.webhook else None,
+        webhook_events_filter=rec.meta.webhook_events_filter,
+        webhook_deliveries=rec.webhook_deliveries,
     )

@@ -9,16 +9,24 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import (
     FibermillError,
+    IdempotencyConflict,
     InvalidInput,
     InvalidTransition,
     JobNotFound,
     OutputNotFound,
+    PayloadTooLarge,
+    RateLimited,
     ServiceUnavailable,
+    Unauthorized,
 )
 
 log = logging.getLogger(__name__)
 
 STATUS = {
+    Unauthorized: 401,
+    IdempotencyConflict: 409,
+    PayloadTooLarge: 413,
+    RateLimited: 429,
     InvalidInput: 422,
     JobNotFound: 404,
     OutputNotFound: 404,
@@ -42,7 +50,11 @@ async def _domain_error(_request: Request, exc: FibermillError) -> JSONResponse:
         body = {"detail": [{"loc": loc, "msg": exc.message, "type": exc.code}]}
     else:
         body = {"detail": str(exc), "code": exc.code}
-    headers = {"Retry-After": "5"} if status == 503 else None
+    headers = None
+    if isinstance(exc, RateLimited | ServiceUnavailable):
+        headers = {"Retry-After": str(max(1, int(exc.retry_after)))}
+    elif isinstance(exc, Unauthorized):
+        headers = {"WWW-Authenticate": "Bearer"}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

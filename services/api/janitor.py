@@ -3,7 +3,8 @@
 A running sub-request holds a lease its worker renews on every heartbeat. When a lease
 expires, the janitor takes it (atomically, so one API replica acts) and sends the sub-request
 again, or dead-letters it once it has used up its attempts. It also re-sends jobs whose
-creating API process died before it finished dispatching them.
+creating API process died before it finished dispatching them, and fails jobs past their
+deadline.
 """
 
 import asyncio
@@ -12,6 +13,7 @@ import time
 
 from services.api import metrics
 from services.api.dispatch import Dispatcher
+from services.api.lifecycle import Lifecycle
 from shared.errors import DeadLettered, JobNotFound
 from shared.job import JobError
 from shared.jobstore import JobStore
@@ -24,9 +26,11 @@ STALE_DISPATCH_SECONDS = 30.0
 
 
 class Janitor:
-    def __init__(self, store: JobStore, dispatcher: Dispatcher, settings: Settings) -> None:
+    def __init__(self, store: JobStore, dispatcher: Dispatcher, lifecycle: Lifecycle,
+                 settings: Settings) -> None:
         self.store = store
         self.dispatcher = dispatcher
+        self.lifecycle = lifecycle
         self.settings = settings
 
     async def run(self) -> None:
@@ -49,6 +53,11 @@ class Janitor:
         for job_id in await self.store.claim_stale_dispatches(STALE_DISPATCH_SECONDS):
             try:
                 n += await self._redispatch(job_id)
+            except JobNotFound:
+                continue
+        for job_id in await self.store.claim_due_deadlines():
+            try:
+                n += await self.lifecycle.expire(job_id)
             except JobNotFound:
                 continue
         return n
@@ -80,7 +89,7 @@ class Janitor:
         log.warning(
             "lease of %s:%d expired (attempt %d); sending it again", job_id, index, attempts
         )
-        await self.dispatcher.send([sub])
+        await self.dispatcher.send([sub], rec.meta.priority)
         metrics.SUBREQUESTS_RESENT.labels("lease_expired").inc()
         return 1
 
@@ -90,6 +99,6 @@ class Janitor:
             return 0
         done = await self.store.results(job_id)
         subs = [s for s in self.dispatcher.subrequests(rec) if s.index not in done]
-        await self.dispatcher.send(subs)
+        await self.dispatcher.send(subs, rec.meta.priority)
         metrics.SUBREQUESTS_RESENT.labels("dispatch_interrupted").inc(len(subs))
         return len(subs)

@@ -12,10 +12,9 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from services.api.assembly import settle
+from services.api.lifecycle import Lifecycle
 from shared import names
 from shared.errors import JobNotFound
-from shared.jobstore import JobStore
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -23,13 +22,12 @@ log = logging.getLogger(__name__)
 
 class Joiner:
     def __init__(
-        self, redis: aioredis.Redis, store: JobStore, settings: Settings, consumer: str
+        self, redis: aioredis.Redis, lifecycle: Lifecycle, settings: Settings, consumer: str
     ) -> None:
         self.redis = redis
-        self.store = store
+        self.lifecycle = lifecycle
         self.settings = settings
         self.consumer = consumer
-        self.base_url = settings.public_url
         self.handled = 0
 
     async def ensure_group(self) -> None:
@@ -112,4 +110,8 @@ class Joiner:
             self.handled += 1
 
     async def handle(self, fields: dict) -> None:
-        await settle(self.store, fields[b"job"].decode(), self.base_url)
+        job_id = fields[b"job"].decode()
+        if fields.get(b"kind") == b"started":
+            await self.lifecycle.started(job_id)
+        else:
+            await self.lifecycle.settle(job_id)

@@ -7,6 +7,7 @@ import time
 from services.worker import metrics
 from services.worker.pipelines.base import ImageResult, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.progress import step_hook
 from services.worker.runtime import InFlight, WorkerRuntime
 from shared.errors import DeadLettered, ModelError, TimeLimitExceeded
 from shared.job import JobError
@@ -58,11 +59,18 @@ async def handle(rt: WorkerRuntime, sub: SubRequest) -> str:
         try:
             pipeline = rt.pipelines[sub.model]
             outs = await asyncio.get_running_loop().run_in_executor(
-                rt.executors[sub.model], pipeline.run, [sub.item], flight.stop.is_set
+                rt.executors[sub.model], pipeline.run, [sub.item], step_hook(rt, flight)
             )
             result.output, blob = _output(outs[0])
             outcome = "succeeded"
         except PipelineStopped:
+            if flight.stop_requested_at_step is not None:
+                metrics.STEPS_AFTER_STOP.labels(sub.model).observe(
+                    flight.steps - flight.stop_requested_at_step)
+            if flight.stop_reason == "canceled":
+                # The job is already final: nothing to store, the lease is released below.
+                metrics.SUBREQUESTS.labels(sub.model, "canceled").inc()
+                return "canceled"
             limit = settings.subrequest_time_limit_seconds
             result.error = JobError(
                 code=TimeLimitExceeded.code,

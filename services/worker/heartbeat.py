@@ -6,6 +6,7 @@ import os
 import socket
 import time
 
+from services.worker.cancellation import stop_finished_jobs
 from services.worker.runtime import WorkerRuntime
 from shared.errors import TimeLimitExceeded
 from shared.job import JobError
@@ -27,6 +28,10 @@ async def heartbeat_loop(rt: WorkerRuntime) -> None:
         except Exception:  # Redis may be briefly away; keep beating
             log.exception("heartbeat failed")
         await enforce_time_limits(rt)
+        try:
+            await stop_finished_jobs(rt)
+        except Exception:
+            log.exception("checking held jobs failed")
         await asyncio.sleep(s.heartbeat_seconds)
 
 
@@ -52,7 +57,7 @@ async def enforce_time_limits(rt: WorkerRuntime) -> None:
     now = time.time()
     for flight in list(rt.in_flight.values()):
         if now > flight.deadline:
-            flight.stop.set()  # the pipeline stops at its next step
+            flight.request_stop("time_limit")
         if now > flight.deadline + HARD_KILL_GRACE_SECONDS:
             # Record the failure first, so the sub-request is not re-sent to kill the next worker.
             limit = rt.settings.subrequest_time_limit_seconds

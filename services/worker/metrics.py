@@ -17,3 +17,9 @@ MODEL_LOAD_SECONDS = Gauge(
     "fibermill_model_load_seconds", "Time it took to load a model at worker start", ["model"]
 )
 IN_FLIGHT = Gauge("fibermill_worker_in_flight", "Sub-requests this worker holds right now")
+STEPS_AFTER_STOP = Histogram(
+    "fibermill_steps_after_stop",
+    "Denoise or decode steps a sub-request ran after it was asked to stop (cancel, time limit)",
+    ["model"],
+    buckets=(0, 1, 2, 3, 5, 10, 20, 50),
+)

@@ -35,13 +35,23 @@ def pick_device(settings: Settings) -> torch.device:
 
 
 class InFlight:
-    """A sub-request this process holds, for lease renewal and the time-limit watchdog."""
+    """A sub-request this process holds: for lease renewal, cancellation and time limits."""
 
     def __init__(self, sub: SubRequest, deadline: float) -> None:
         self.sub = sub
         self.started = time.time()
         self.deadline = deadline
         self.stop = threading.Event()
+        self.stop_reason: str | None = None  # "canceled" or "time_limit"
+        self.steps = 0  # step boundaries passed so far (denoise or decode steps)
+        self.stop_requested_at_step: int | None = None
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the pipeline to stop at its next denoise or decode step."""
+        if not self.stop.is_set():
+            self.stop_reason = reason
+            self.stop_requested_at_step = self.steps
+            self.stop.set()
 
 
 class WorkerRuntime:
@@ -94,11 +104,13 @@ class WorkerRuntime:
         self.call(self._start_async())
 
     async def _start_async(self) -> None:
+        from services.worker.cancellation import listen_for_cancels
         from services.worker.heartbeat import heartbeat_loop
 
         self.redis = aioredis.Redis.from_url(self.settings.redis_url)
         self.store = JobStore(self.redis, self.settings.finished_job_ttl_seconds)
         self._background.append(asyncio.create_task(heartbeat_loop(self)))
+        self._background.append(asyncio.create_task(listen_for_cancels(self)))
 
     def stop(self) -> None:
         if not self._thread.is_alive():
@@ -126,6 +138,13 @@ class WorkerRuntime:
     def call(self, coro):
         """Run a coroutine on the runtime loop from another thread and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop_job(self, job_id: str, reason: str = "canceled") -> int:
+        """Stop every sub-request of `job_id` this process is running; returns how many."""
+        flights = [f for f in self.in_flight.values() if f.sub.job_id == job_id]
+        for f in flights:
+            f.request_stop(reason)
+        return len(flights)
 
     def handle(self, sub: SubRequest) -> str:
         from services.worker.handler import handle

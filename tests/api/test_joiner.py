@@ -13,19 +13,26 @@ async def _job(store, total=3):
 
 
 async def _drain(joiner: Joiner) -> None:
-    resp = await joiner.redis.xreadgroup(names.JOINER_GROUP, joiner.consumer,
-                                         {names.COMPLETIONS_STREAM: ">"}, count=100)
+    resp = await joiner.redis.xreadgroup(
+        names.JOINER_GROUP, joiner.consumer, {names.COMPLETIONS_STREAM: ">"}, count=100
+    )
     for _s, entries in resp or []:
         await joiner._handle_batch(entries)
 
 
-async def test_output_is_assembled_in_input_order(store, aredis, settings):
+async def test_output_is_assembled_in_input_order(store, aredis, settings, lifecycle):
     await _job(store)
-    joiner = Joiner(aredis, store, settings, "api-1")
+    joiner = Joiner(aredis, lifecycle, settings, "api-1")
     await joiner.ensure_group()
     for index in (2, 0, 1):  # finish out of order
-        await store.store_result("j1", SubResult(index=index, output={"text": f"t{index}",
-                                 "finish_reason": "length", "tokens": 1}, worker="w"))
+        await store.store_result(
+            "j1",
+            SubResult(
+                index=index,
+                output={"text": f"t{index}", "finish_reason": "length", "tokens": 1},
+                worker="w",
+            ),
+        )
         await _drain(joiner)
         rec = await store.get("j1")
         assert rec.done == [2, 0, 1].index(index) + 1
@@ -34,14 +41,18 @@ async def test_output_is_assembled_in_input_order(store, aredis, settings):
     assert [o["text"] for o in rec.output] == ["t0", "t1", "t2"]
 
 
-async def test_first_error_fails_the_job_keeping_finished_outputs(store, aredis, settings):
+async def test_first_error_fails_the_job_keeping_finished_outputs(
+    store, aredis, settings, lifecycle
+):
     await _job(store)
-    joiner = Joiner(aredis, store, settings, "api-1")
+    joiner = Joiner(aredis, lifecycle, settings, "api-1")
     await joiner.ensure_group()
-    await store.store_result("j1", SubResult(index=0, output={"text": "ok", "finish_reason":
-                                                              "length", "tokens": 1}))
-    await store.store_result("j1", SubResult(index=1, error=JobError(code="model_error",
-                                                                     message="boom")))
+    await store.store_result(
+        "j1", SubResult(index=0, output={"text": "ok", "finish_reason": "length", "tokens": 1})
+    )
+    await store.store_result(
+        "j1", SubResult(index=1, error=JobError(code="model_error", message="boom"))
+    )
     await _drain(joiner)
     rec = await store.get("j1")
     assert rec.status == "failed"
@@ -49,16 +60,17 @@ async def test_first_error_fails_the_job_keeping_finished_outputs(store, aredis,
     assert rec.output[0]["text"] == "ok" and rec.output[1:] == [None, None]
 
 
-async def test_entries_of_a_dead_replica_are_reclaimed(store, aredis, settings):
+async def test_entries_of_a_dead_replica_are_reclaimed(store, aredis, settings, lifecycle):
     await _job(store, total=1)
-    dead = Joiner(aredis, store, settings, "api-dead")
+    dead = Joiner(aredis, lifecycle, settings, "api-dead")
     await dead.ensure_group()
-    await store.store_result("j1", SubResult(index=0, output={"text": "x", "finish_reason":
-                                                              "length", "tokens": 1}))
+    await store.store_result(
+        "j1", SubResult(index=0, output={"text": "x", "finish_reason": "length", "tokens": 1})
+    )
     # The dead replica read the entry and never acknowledged it.
     await aredis.xreadgroup(names.JOINER_GROUP, "api-dead", {names.COMPLETIONS_STREAM: ">"})
     assert (await store.get("j1")).status == "queued"
-    alive = Joiner(aredis, store, settings, "api-alive")
+    alive = Joiner(aredis, lifecycle, settings, "api-alive")
     await asyncio.sleep(settings.joiner_claim_idle_seconds * 2)
     assert await alive.reclaim() == 1
     assert (await store.get("j1")).status == "succeeded"
@@ -66,20 +78,24 @@ async def test_entries_of_a_dead_replica_are_reclaimed(store, aredis, settings):
     assert pending["pending"] == 0
 
 
-async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, settings):
+async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, settings, lifecycle):
     from services.api import metrics
 
     n_jobs = 20
     for j in range(n_jobs):
         await store.create(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 2)
-    joiners = [Joiner(aredis, store, settings, f"api-{i}") for i in range(2)]
+    joiners = [Joiner(aredis, lifecycle, settings, f"api-{i}") for i in range(2)]
     await joiners[0].ensure_group()
     before = metrics.JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")._value.get()
     tasks = [asyncio.create_task(j.run()) for j in joiners]
     for j in range(n_jobs):
         for index in range(2):
-            await store.store_result(f"k{j}", SubResult(index=index, output={
-                "text": "x", "finish_reason": "length", "tokens": 1}))
+            await store.store_result(
+                f"k{j}",
+                SubResult(
+                    index=index, output={"text": "x", "finish_reason": "length", "tokens": 1}
+                ),
+            )
     for _ in range(200):
         statuses = [(await store.get(f"k{j}")).status for j in range(n_jobs)]
         if all(s == "succeeded" for s in statuses):

@@ -6,6 +6,7 @@ from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from shared import names
+from tests.conftest import queued
 
 
 @pytest.fixture
@@ -21,26 +22,63 @@ def _fields(resp) -> list[str]:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"task": "text-generation", "model": "no-such-model", "input": {"prompts": ["x"]}},
-         "body.model"),
-        ({"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": []}},
-         "prompts"),
-        ({"task": "image-generation", "model": "digits", "input": {"prompts": ["7"], "seed": -1}},
-         "seed"),
-        ({"task": "image-generation", "model": "tiny-sd",
-          "input": {"prompts": ["x"], "width": 60, "height": 64}}, "width"),
-        ({"task": "image-generation", "model": "tiny-sd",
-          "input": {"prompts": ["x"], "width": 1024}}, "body.input.width"),
-        ({"task": "image-generation", "model": "tiny-sd",
-          "input": {"prompts": ["x"], "steps": 1000}}, "body.input.steps"),
-        ({"task": "text-generation", "model": "tiny-gpt2",
-          "input": {"prompts": ["x"], "max_new_tokens": 100000}}, "body.input.max_new_tokens"),
-        ({"task": "image-generation", "model": "tiny-gpt2", "input": {"prompts": ["x"]}},
-         "body.task"),
-        ({"task": "image-generation", "model": "digits", "input": {"prompts": ["a cat"]}},
-         "body.input.prompts.0"),
-        ({"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": [""]}},
-         "prompts.0"),
+        (
+            {"task": "text-generation", "model": "no-such-model", "input": {"prompts": ["x"]}},
+            "body.model",
+        ),
+        ({"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": []}}, "prompts"),
+        (
+            {
+                "task": "image-generation",
+                "model": "digits",
+                "input": {"prompts": ["7"], "seed": -1},
+            },
+            "seed",
+        ),
+        (
+            {
+                "task": "image-generation",
+                "model": "tiny-sd",
+                "input": {"prompts": ["x"], "width": 60, "height": 64},
+            },
+            "width",
+        ),
+        (
+            {
+                "task": "image-generation",
+                "model": "tiny-sd",
+                "input": {"prompts": ["x"], "width": 1024},
+            },
+            "body.input.width",
+        ),
+        (
+            {
+                "task": "image-generation",
+                "model": "tiny-sd",
+                "input": {"prompts": ["x"], "steps": 1000},
+            },
+            "body.input.steps",
+        ),
+        (
+            {
+                "task": "text-generation",
+                "model": "tiny-gpt2",
+                "input": {"prompts": ["x"], "max_new_tokens": 100000},
+            },
+            "body.input.max_new_tokens",
+        ),
+        (
+            {"task": "image-generation", "model": "tiny-gpt2", "input": {"prompts": ["x"]}},
+            "body.task",
+        ),
+        (
+            {"task": "image-generation", "model": "digits", "input": {"prompts": ["a cat"]}},
+            "body.input.prompts.0",
+        ),
+        (
+            {"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": [""]}},
+            "prompts.0",
+        ),
     ],
 )
 def test_bad_input_is_a_422_naming_the_field(client, redis_url, body, field):
@@ -49,27 +87,33 @@ def test_bad_input_is_a_422_naming_the_field(client, redis_url, body, field):
     assert any(f.endswith(field) for f in _fields(resp)), (field, resp.json())
     r = redis.Redis.from_url(redis_url)
     for model in ("tiny-gpt2", "tiny-sd", "digits"):
-        assert r.llen(names.queue_for(model)) == 0
+        assert queued(redis_url, model) == 0
     assert not list(r.scan_iter(match=f"{names.PREFIX}:job:*"))
 
 
 def test_digits_422_says_what_the_model_understands(client):
-    resp = client.post("/v1/jobs", json={"task": "image-generation", "model": "digits",
-                                         "input": {"prompts": ["a cat"]}})
+    resp = client.post(
+        "/v1/jobs",
+        json={"task": "image-generation", "model": "digits", "input": {"prompts": ["a cat"]}},
+    )
     msg = resp.json()["detail"][0]["msg"]
     assert "7/seven" in msg
 
 
 def test_accepted_job_is_split_and_enqueued(client, redis_url):
-    resp = client.post("/v1/jobs", json={"task": "image-generation", "model": "digits",
-                                         "input": {"prompts": ["7", "three"],
-                                                   "num_images_per_prompt": 2, "seed": 1}})
+    resp = client.post(
+        "/v1/jobs",
+        json={
+            "task": "image-generation",
+            "model": "digits",
+            "input": {"prompts": ["7", "three"], "num_images_per_prompt": 2, "seed": 1},
+        },
+    )
     assert resp.status_code == 202, resp.text
     job = resp.json()
     assert job["status"] == "queued" and job["progress"] == {"done": 0, "total": 4}
     assert job["urls"]["get"] == f"/v1/jobs/{job['id']}"
-    r = redis.Redis.from_url(redis_url)
-    assert r.llen(names.queue_for("digits")) == 4
+    assert queued(redis_url, "digits") == 4
     assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
     assert client.get("/v1/jobs/nope").status_code == 404
     assert client.get(f"/v1/jobs/{job['id']}/outputs/9").status_code == 404
@@ -77,8 +121,10 @@ def test_accepted_job_is_split_and_enqueued(client, redis_url):
 
 
 def test_seed_is_chosen_and_stored_when_absent(client):
-    job = client.post("/v1/jobs", json={"task": "text-generation", "model": "tiny-gpt2",
-                                        "input": {"prompts": ["x"]}}).json()
+    job = client.post(
+        "/v1/jobs",
+        json={"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": ["x"]}},
+    ).json()
     assert isinstance(job["input"]["seed"], int)
 
 

@@ -49,6 +49,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(redis_server, model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("stack-logs")
+    metrics_port = free_port()  # worker i serves on metrics_port + i
     redis.Redis.from_url(redis_server.url).flushdb()
     env = {
         "FIBERMILL_REDIS_URL": redis_server.url,
@@ -60,7 +61,7 @@ def stack(redis_server, model_dir, tmp_path_factory):
         "FIBERMILL_HEARTBEAT_SECONDS": "0.5",
         "FIBERMILL_JANITOR_INTERVAL_SECONDS": "0.5",
         "FIBERMILL_WORKER_HEARTBEAT_TTL_SECONDS": "3",
-        "FIBERMILL_WORKER_METRICS_PORT": str(free_port()),
+        "FIBERMILL_WORKER_METRICS_PORT": str(metrics_port),
         "FIBERMILL_LOG_LEVEL": "WARNING",
     }
     port, port2 = free_port(), free_port()
@@ -76,6 +77,7 @@ def stack(redis_server, model_dir, tmp_path_factory):
     except Exception:
         stop(procs)
         raise AssertionError(f"stack did not start:\n{s.logs()}") from None
+    s.worker_metrics_port = metrics_port
     yield s
     s.http.close()
     s.other.close()

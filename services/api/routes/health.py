@@ -6,6 +6,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.api import metrics
 from shared import names
+from shared.queue_depth import queue_depth
 from shared.workers import live_workers
 
 router = APIRouter(tags=["health"])
@@ -33,6 +34,6 @@ async def readyz(request: Request) -> JSONResponse:
 async def prometheus(request: Request) -> Response:
     redis = request.app.state.redis
     for model in request.app.state.registry.models:
-        metrics.QUEUE_DEPTH.labels(model).set(await redis.llen(names.queue_for(model)))
+        metrics.QUEUE_DEPTH.labels(model).set(await queue_depth(redis, model))
     metrics.SUBREQUESTS_RUNNING.set(await redis.zcard(names.LEASES))
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,33 +1,92 @@
-"""/v1/jobs: create a job, read it, fetch its outputs."""
+"""/v1/jobs: create, read, cancel, stream events, fetch outputs."""
 
+import json
+import re
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Body, Header, Response
+from sse_starlette import EventSourceResponse
 
-from services.api.deps import DispatcherDep, JobDep, JobStoreDep, RegistryDep, SettingsDep
+from services.api.auth import PrincipalDep
+from services.api.deps import (
+    DispatcherDep,
+    JobDep,
+    JobStoreDep,
+    LifecycleDep,
+    RateLimiterDep,
+    RedisDep,
+    RegistryDep,
+    SettingsDep,
+)
 from services.api.envelope import envelope
+from services.api.events import job_events, wait_final
 from services.api.submission import submit
 from shared.errors import OutputNotFound
 from shared.job import Job, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+_PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+)")
 
 
-@router.post("", status_code=202, response_model=Job)
+def _prefer_wait(prefer: str | None, limit: int) -> int | None:
+    """RFC 7240 `Prefer: wait=N`, capped at the server's limit."""
+    m = _PREFER_WAIT.search(prefer or "")
+    return min(int(m.group(1)), limit) if m else None
+
+
+@router.post("", status_code=202, response_model=Job,
+             responses={200: {"description": "final within `Prefer: wait`, or an "
+                              "Idempotency-Key replay"}})
 async def create_job(
     req: Annotated[JobRequest, Body()],
+    response: Response,
+    principal: PrincipalDep,
+    limiter: RateLimiterDep,
+    redis: RedisDep,
     store: JobStoreDep,
     registry: RegistryDep,
     dispatcher: DispatcherDep,
     settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header()] = None,
+    prefer: Annotated[str | None, Header()] = None,
 ) -> Job:
-    rec = await submit(req, store, registry, dispatcher)
+    await limiter.check(principal)
+    done = await submit(req, principal, idempotency_key, redis, store, registry, dispatcher,
+                        settings)
+    rec = done.job
+    wait = _prefer_wait(prefer, settings.max_wait_seconds)
+    if wait is not None:
+        response.headers["Preference-Applied"] = f"wait={wait}"
+        rec = await wait_final(redis, store, rec.id, wait)
+    if rec.final or not done.created:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/jobs/{rec.id}"
     return envelope(rec, settings.public_url)
 
 
 @router.get("/{job_id}", response_model=Job)
 async def get_job(job: JobDep, settings: SettingsDep) -> Job:
     return envelope(job, settings.public_url)
+
+
+@router.post("/{job_id}/cancel", response_model=Job)
+async def cancel_job(job: JobDep, lifecycle: LifecycleDep, settings: SettingsDep) -> Job:
+    return envelope(await lifecycle.cancel(job), settings.public_url)
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse)
+async def stream_events(
+    job: JobDep, redis: RedisDep, store: JobStoreDep, settings: SettingsDep
+) -> EventSourceResponse:
+    async def events():
+        async for event, data in job_events(redis, store, job.id, settings.public_url):
+            yield {"event": event, "data": _json(data)}
+
+    return EventSourceResponse(events(), ping=15)
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, separators=(",", ":"))
 
 
 @router.get(
@@ -41,14 +100,10 @@ async def get_output(job: JobDep, index: int, store: JobStoreDep) -> Response:
         png = await store.blob(job.id, index)
         if png is None:
             raise OutputNotFound(f"output {index} of job {job.id} is not ready")
-        return Response(
-            png,
-            media_type="image/png",
-            headers={"Cache-Control": "private, max-age=86400, immutable"},
-        )
+        return Response(png, media_type="image/png",
+                        headers={"Cache-Control": "private, max-age=86400, immutable"})
     results = await store.results(job.id)
     if index not in results or results[index].output is None:
         raise OutputNotFound(f"output {index} of job {job.id} is not ready")
-    return Response(
-        results[index].model_dump_json(include={"output"}), media_type="application/json"
-    )
+    return Response(results[index].model_dump_json(include={"output"}),
+                    media_type="application/json")

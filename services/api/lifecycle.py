@@ -1,0 +1,84 @@
+"""The one place where a job moves on: started, progress, and final (succeeded, failed,
+canceled, deadline). Every final change notifies (SSE, webhook) and stops running work."""
+
+import logging
+
+from services.api import metrics
+from services.api.assembly import assemble, first_error
+from services.api.notify import Notifier
+from shared import names
+from shared.errors import DeadlineExceeded
+from shared.job import JobError, JobStatus
+from shared.jobstore import JobRecord, JobStore
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(self, store: JobStore, notifier: Notifier, base_url: str) -> None:
+        self.store = store
+        self.notifier = notifier
+        self.base_url = base_url
+
+    async def finish(self, rec: JobRecord, status: JobStatus,
+                     error: JobError | None = None) -> bool:
+        """Make the job final once, keeping the outputs already done; only the caller whose
+        change wins counts it, notifies, and tells workers to drop the rest."""
+        results = await self.store.results(rec.id)
+        output = assemble(rec, results, self.base_url)
+        if not await self.store.finalize(rec.id, status, output, error):
+            return False
+        final = await self.store.get(rec.id)
+        _observe(final)
+        if status != JobStatus.SUCCEEDED:
+            await self.store.redis.publish(names.CANCEL_CHANNEL, rec.id)
+        await self.notifier.completed(final)
+        return True
+
+    async def started(self, job_id: str) -> None:
+        rec = await self.store.get(job_id)
+        if not rec.final:
+            await self.notifier.started(rec)
+
+    async def settle(self, job_id: str) -> JobStatus | None:
+        """A sub-result came in: record progress, and finish the job when it can be."""
+        rec = await self.store.get(job_id)
+        if rec.final:
+            return None
+        results = await self.store.results(job_id)
+        failed = first_error(results)
+        if failed is not None:
+            # Fail fast: the rest of the job would be thrown away anyway.
+            index, err = failed
+            error = JobError(code=err.code, message=f"sub-request {index}: {err.message}")
+            return JobStatus.FAILED if await self.finish(rec, JobStatus.FAILED, error) else None
+        if len(results) >= rec.total:
+            return JobStatus.SUCCEEDED if await self.finish(rec, JobStatus.SUCCEEDED) else None
+        await self.notifier.progress(rec)
+        return None
+
+    async def cancel(self, rec: JobRecord) -> JobRecord:
+        """Cancel a job; canceling a final job changes nothing and returns it as it is."""
+        if not rec.final:
+            await self.finish(rec, JobStatus.CANCELED)
+        return await self.store.get(rec.id)
+
+    async def expire(self, job_id: str) -> bool:
+        rec = await self.store.get(job_id)
+        if rec.final:
+            return False
+        limit = rec.meta.deadline_seconds
+        error = JobError(code=DeadlineExceeded.code,
+                         message=f"the job did not finish within its deadline of {limit:g}s")
+        return await self.finish(rec, JobStatus.FAILED, error)
+
+
+def _observe(rec: JobRecord) -> None:
+    labels = (rec.task, rec.model)
+    metrics.JOBS_FINISHED.labels(*labels, rec.status.value).inc()
+    if rec.completed_at is None:
+        return
+    metrics.JOB_DURATION.labels(*labels).observe(rec.completed_at - rec.created_at)
+    if rec.started_at is not None:
+        metrics.JOB_QUEUE.labels(*labels).observe(rec.started_at - rec.created_at)
+        metrics.JOB_RUN.labels(*labels).observe(rec.completed_at - rec.started_at)

@@ -1,0 +1,1 @@
+"""Webhooks: a durable outbox in Redis, signed deliveries (Standard Webhooks), SSRF guard."""

@@ -1,0 +1,9 @@
+"""Webhook delivery metrics."""
+
+from prometheus_client import Counter
+
+# delivered, failed and dropped count deliveries once each, when they end; retrying counts each
+# attempt that will be tried again.
+DELIVERIES = Counter(
+    "fibermill_webhook_deliveries", "Webhook delivery outcomes", ["outcome"]
+)

@@ -1,0 +1,316 @@
+"""The webhook outbox: pending deliveries live in Redis, so they survive API restarts, and
+every API replica runs a sender loop that claims due ones.
+
+A delivery is a hash (job, event, attempt, first enqueue time) plus a member of a due-time
+ZSET. Claiming one atomically moves its due time forward by a lease and bumps its attempt
+number, so exactly one replica sends each attempt, and a replica that dies mid-send only
+delays it by the lease. The attempt number doubles as the claim token: a sender whose lease ran
+out cannot overwrite what the next claimant decided.
+
+`completed` deliveries are retried with backoff for `webhook_retry_total_seconds`; `start` and
+`progress` are best effort (throttled, one retry) and have their own due queue and their own
+sending slots, so they never hold up a `completed` one.
+
+The delivered/failed hash is kept (as a tombstone) as long as the job, so a second enqueue of
+the same event, e.g. from another replica, does not send it again.
+"""
+
+import asyncio
+import contextlib
+import functools
+import logging
+import ssl
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal, cast
+
+import redis.asyncio as aioredis
+
+from services.api.envelope import envelope
+from services.api.webhooks.metrics import DELIVERIES
+from services.api.webhooks.retry import backoff
+from services.api.webhooks.sender import Attempt, Sender
+from shared.errors import JobNotFound
+from shared.job import WebhookDelivery, WebhookEvent
+from shared.jobstore import JobRecord, JobStore
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DUE_COMPLETED = "fm:webhooks:due:completed"
+DUE_UPDATES = "fm:webhooks:due:updates"  # start and progress
+DELIVERY_PREFIX = "fm:webhooks:delivery:"
+THROTTLE_PREFIX = "fm:webhooks:throttle:"
+
+BEST_EFFORT_ATTEMPTS = 2
+BEST_EFFORT_RETRY_SECONDS = 1.0
+BEST_EFFORT_MAX_DELAY_SECONDS = 10.0  # a later update is worth less than none
+BEST_EFFORT_TTL_SECONDS = 3600
+LEASE_MARGIN_SECONDS = 30.0  # beyond the bounded send: reading the job, recording the attempt
+
+Outcome = Literal["delivered", "failed", "dropped"]
+
+# KEYS: due zset, delivery hash. ARGV: id, job, event, now, ttl.
+_ENQUEUE = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], 'job', ARGV[2], 'event', ARGV[3], 'attempt', 0,
+           'first_at', ARGV[4], 'state', 'pending')
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
+return 1
+"""
+
+# KEYS: due zset, delivery hash. ARGV: id, now, lease until, consumer.
+_TAKE = """
+local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not due or tonumber(due) > tonumber(ARGV[2]) then return false end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return false
+end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+local attempt = redis.call('HINCRBY', KEYS[2], 'attempt', 1)
+redis.call('HSET', KEYS[2], 'owner', ARGV[4])
+local h = redis.call('HMGET', KEYS[2], 'job', 'event', 'first_at')
+return {attempt, h[1], h[2], h[3]}
+"""
+
+# KEYS: due zset, delivery hash. ARGV: id, attempt, next due time or '' when done, state.
+_SETTLE = """
+if redis.call('HGET', KEYS[2], 'attempt') ~= ARGV[2] then return 0 end
+if ARGV[3] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HSET', KEYS[2], 'state', ARGV[4])
+else
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: due zset, delivery hash. ARGV: id, attempt, now. Hands an interrupted claim back.
+_RELEASE = """
+if redis.call('HGET', KEYS[2], 'attempt') ~= ARGV[2] then return 0 end
+redis.call('HINCRBY', KEYS[2], 'attempt', -1)
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+
+def webhook_id(job_id: str, event: WebhookEvent, seq: int | None = None) -> str:
+    """The `webhook-id` header: the same for every attempt, and for every replica."""
+    return f"msg_{job_id}_{event}" if seq is None else f"msg_{job_id}_{event}_{seq}"
+
+
+def due_key(event: WebhookEvent) -> str:
+    return DUE_COMPLETED if event == "completed" else DUE_UPDATES
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    job_id: str
+    event: WebhookEvent
+    attempt: int
+    first_at: float
+
+    @property
+    def best_effort(self) -> bool:
+        return self.event != "completed"
+
+    @property
+    def keys(self) -> list[str]:
+        return [due_key(self.event), DELIVERY_PREFIX + self.id]
+
+
+class Outbox:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        store: JobStore,
+        settings: Settings,
+        consumer: str,
+        *,
+        backoff_base: float = 1.0,
+        backoff_cap: float = 300.0,
+        poll_interval: float = 0.1,
+        max_in_flight: int = 64,
+        max_updates_in_flight: int = 16,
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
+        self.redis = redis
+        self.store = store
+        self.settings = settings
+        self.consumer = consumer
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.poll_interval = poll_interval
+        self.limits = {DUE_COMPLETED: max_in_flight, DUE_UPDATES: max_updates_in_flight}
+        self.verify = verify
+        self.lease_seconds = settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS
+        # A completed delivery's tombstone lives as long as its job, and at least until the
+        # last retry could have been claimed.
+        self.completed_ttl = int(max(
+            store.finished_ttl,
+            settings.webhook_retry_total_seconds + 2 * self.lease_seconds,
+        ))
+        self._enqueue = redis.register_script(_ENQUEUE)
+        self._take = redis.register_script(_TAKE)
+        self._settle = redis.register_script(_SETTLE)
+        self._release = redis.register_script(_RELEASE)
+        self._wake = asyncio.Event()
+        self._busy: dict[str, set[asyncio.Task[None]]] = {DUE_COMPLETED: set(), DUE_UPDATES: set()}
+
+    # Enqueue -------------------------------------------------------------------------------
+
+    async def enqueue(self, rec: JobRecord, event: WebhookEvent) -> None:
+        """Record a delivery of `event` for the job, if its webhook filter wants it."""
+        if not rec.meta.wants(event):
+            return
+        if event == "progress":
+            interval_ms = int(self.settings.webhook_progress_interval_seconds * 1000)
+            # One progress webhook per job per interval, across all replicas.
+            if interval_ms > 0 and not await self.redis.set(
+                THROTTLE_PREFIX + rec.id, 1, nx=True, px=interval_ms
+            ):
+                return
+            wid, ttl = webhook_id(rec.id, event, rec.done), BEST_EFFORT_TTL_SECONDS
+        elif event == "start":
+            wid, ttl = webhook_id(rec.id, event), BEST_EFFORT_TTL_SECONDS
+        else:
+            wid, ttl = webhook_id(rec.id, event), self.completed_ttl
+        added = await self._enqueue(
+            keys=[due_key(event), DELIVERY_PREFIX + wid],
+            args=[wid, rec.id, event, repr(time.time()), ttl],
+        )
+        if added:
+            self._wake.set()
+
+    # Sender loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        sender = Sender(
+            self.settings.webhook_secret,
+            self.settings.webhook_timeout_seconds,
+            self.settings.webhook_allow_private,
+            self.verify,
+        )
+        try:
+            while True:
+                try:
+                    for queue in (DUE_COMPLETED, DUE_UPDATES):
+                        await self._dispatch(queue, sender)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("webhook outbox loop error")
+                    await asyncio.sleep(1)
+                await self._nap()
+        finally:
+            tasks = [t for busy in self._busy.values() for t in busy]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await sender.aclose()
+
+    async def _nap(self) -> None:
+        """Until an enqueue or a finished send in this replica, or the next poll, whichever
+        comes first: other replicas' enqueues are seen by polling."""
+        if not self._wake.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_interval):
+                    await self._wake.wait()
+        self._wake.clear()
+
+    async def _dispatch(self, queue: str, sender: Sender) -> None:
+        busy = self._busy[queue]
+        free = self.limits[queue] - len(busy)
+        if free <= 0:
+            return
+        for claim in await self._claim(queue, free):
+            task = asyncio.create_task(self._deliver(claim, sender), name=f"webhook {claim.id}")
+            busy.add(task)
+            task.add_done_callback(functools.partial(self._finished, busy))
+
+    def _finished(self, busy: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+        busy.discard(task)
+        self._wake.set()  # a slot is free: there may be more due
+
+    async def _claim(self, queue: str, limit: int) -> list[Claim]:
+        now = time.time()
+        ids = await self.redis.zrangebyscore(queue, "-inf", now, start=0, num=limit)
+        claims = []
+        for raw in ids:
+            wid = raw.decode()
+            # Another replica may take it between the range and here: TAKE re-checks the due
+            # time, so only one of them gets it.
+            row = await self._take(
+                keys=[queue, DELIVERY_PREFIX + wid],
+                args=[wid, repr(now), repr(now + self.lease_seconds), self.consumer],
+            )
+            if row:
+                attempt, job_id, event, first_at = row
+                claims.append(Claim(wid, job_id.decode(), cast(WebhookEvent, event.decode()),
+                                    int(attempt), float(first_at)))
+        return claims
+
+    async def _deliver(self, claim: Claim, sender: Sender) -> None:
+        try:
+            await self._attempt(claim, sender)
+        except asyncio.CancelledError:
+            # Shutting down: hand the claim back rather than leave it for the lease to expire.
+            with contextlib.suppress(Exception):
+                await self._release(keys=claim.keys,
+                                    args=[claim.id, claim.attempt, repr(time.time())])
+            raise
+        except Exception:
+            # Left claimed: the lease runs out and a replica tries again.
+            log.exception("webhook %s attempt %d failed", claim.id, claim.attempt)
+
+    async def _attempt(self, claim: Claim, sender: Sender) -> None:
+        try:
+            rec = await self.store.get(claim.job_id)
+        except JobNotFound:
+            await self._end(claim, "dropped")
+            return
+        if rec.meta.webhook is None or (
+            # The completed webhook that is coming carries everything an update would.
+            claim.best_effort and rec.final and rec.meta.wants("completed")
+        ):
+            await self._end(claim, "dropped")
+            return
+        payload = envelope(rec, self.settings.public_url).model_dump(mode="json")
+        at = datetime.now(UTC)
+        result = await sender.post(str(rec.meta.webhook), claim.id, payload)
+        await self.store.record_delivery(claim.job_id, WebhookDelivery(
+            webhook_id=claim.id, event=claim.event, attempt=claim.attempt,
+            status_code=result.status_code, error=result.error, at=at,
+        ))
+        if result.verdict == "delivered":
+            await self._end(claim, "delivered")
+            return
+        next_at = self._next_attempt(claim, result) if result.verdict == "retry" else None
+        if next_at is None:
+            await self._end(claim, "failed")
+        elif await self._settle(keys=claim.keys, args=[claim.id, claim.attempt, repr(next_at), ""]):
+            DELIVERIES.labels(outcome="retrying").inc()
+
+    def _next_attempt(self, claim: Claim, result: Attempt) -> float | None:
+        """When to try again, or None when this delivery has had its chances."""
+        now, asked = time.time(), result.retry_after
+        if claim.best_effort:
+            delay = BEST_EFFORT_RETRY_SECONDS if asked is None else asked
+            if claim.attempt >= BEST_EFFORT_ATTEMPTS or delay > BEST_EFFORT_MAX_DELAY_SECONDS:
+                return None
+            return now + delay
+        if asked is None:
+            delay = backoff(claim.attempt, self.backoff_base, self.backoff_cap)
+        else:
+            delay = asked
+        if now + delay > claim.first_at + self.settings.webhook_retry_total_seconds:
+            return None
+        return now + delay
+
+    async def _end(self, claim: Claim, outcome: Outcome) -> None:
+        if await self._settle(keys=claim.keys, args=[claim.id, claim.attempt, "", outcome]):
+            DELIVERIES.labels(outcome=outcome).inc()

@@ -1,0 +1,75 @@
+"""Create semantics on the real app and Redis (no workers): Idempotency-Key, Prefer: wait,
+deadlines, and cancel of a queued job."""
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from services.api.app import create_app
+from tests.conftest import queued
+
+TEXT = {"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": ["a", "b"]}}
+
+
+@pytest.fixture
+def client(settings_env, monkeypatch):
+    monkeypatch.setenv("FIBERMILL_JANITOR_INTERVAL_SECONDS", "0.1")
+    with TestClient(create_app()) as c:
+        yield c
+
+
+def test_same_idempotency_key_and_body_returns_the_same_job(client, redis_url):
+    first = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "k1"})
+    again = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "k1"})
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert queued(redis_url, "tiny-gpt2") == 2
+
+
+def test_same_idempotency_key_with_another_body_is_409(client):
+    assert client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "k2"}).status_code == 202
+    other = {**TEXT, "input": {"prompts": ["c"]}}
+    resp = client.post("/v1/jobs", json=other, headers={"Idempotency-Key": "k2"})
+    assert resp.status_code == 409 and resp.json()["code"] == "idempotency_conflict"
+
+
+def test_prefer_wait_answers_after_n_seconds_when_not_final(client):
+    t0 = time.monotonic()
+    resp = client.post("/v1/jobs", json=TEXT, headers={"Prefer": "wait=1"})
+    elapsed = time.monotonic() - t0
+    assert resp.status_code == 202 and resp.json()["status"] == "queued"
+    assert resp.headers["Preference-Applied"] == "wait=1"
+    assert 0.9 <= elapsed < 5
+
+
+def test_prefer_wait_is_capped_at_the_server_limit(settings_env, monkeypatch):
+    monkeypatch.setenv("FIBERMILL_MAX_WAIT_SECONDS", "1")
+    with TestClient(create_app()) as client:
+        t0 = time.monotonic()
+        resp = client.post("/v1/jobs", json=TEXT, headers={"Prefer": "respond-async, wait=600"})
+        assert time.monotonic() - t0 < 5
+    assert resp.status_code == 202 and resp.headers["Preference-Applied"] == "wait=1"
+
+
+def test_deadline_fails_the_job(client):
+    job = client.post("/v1/jobs", json={**TEXT, "deadline_seconds": 0.3}).json()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        got = client.get(f"/v1/jobs/{job['id']}").json()
+        if got["status"] != "queued":
+            break
+        time.sleep(0.05)
+    assert got["status"] == "failed"
+    assert got["error"]["code"] == "deadline_exceeded" and "0.3s" in got["error"]["message"]
+
+
+def test_cancel_a_queued_job_and_cancel_again_is_a_noop(client):
+    job = client.post("/v1/jobs", json=TEXT).json()
+    canceled = client.post(f"/v1/jobs/{job['id']}/cancel")
+    assert canceled.status_code == 200
+    body = canceled.json()
+    assert body["status"] == "canceled" and body["output"] == [None, None]
+    again = client.post(f"/v1/jobs/{job['id']}/cancel").json()
+    assert again["status"] == "canceled" and again["completed_at"] == body["completed_at"]
+    assert client.post("/v1/jobs/nope/cancel").status_code == 404
