@@ -1,11 +1,11 @@
 """Cancellation and the live event stream on the real stack."""
 
 import json
-import re
 import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared import names
 
@@ -13,9 +13,11 @@ pytestmark = pytest.mark.e2e
 
 
 def _metric(text: str, name: str, **labels) -> float:
-    sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    m = re.search(rf"^{re.escape(name)}\{{{re.escape(sel)}\}} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
 
 
 def _leases(stack, job_id: str) -> list[str]:
