@@ -115,3 +115,7 @@ class Job(BaseModel):
     webhook: str | None = None
     webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: ["completed"])
     webhook_deliveries: list[WebhookDelivery] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    jobs: list[Job]

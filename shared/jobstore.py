@@ -16,6 +16,7 @@ from shared.job import FINAL_STATUSES, JobError, JobMeta, JobStatus, WebhookDeli
 from shared.subrequest import SubRequest, SubResult
 
 STREAM_MAXLEN = 100_000
+JOBS_INDEX_SIZE = 1000  # recent jobs listed per API key
 
 
 @dataclass
@@ -86,8 +87,22 @@ class JobStore:
             pipe.zadd(names.DISPATCHING, {job_id: now})
             if meta.deadline_seconds is not None:
                 pipe.zadd(names.DEADLINES, {job_id: now + meta.deadline_seconds})
+            index = names.jobs_index_key(meta.owner)
+            pipe.zadd(index, {job_id: now})
+            pipe.zremrangebyrank(index, 0, -JOBS_INDEX_SIZE - 1)
             await pipe.execute()
         return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, now, meta=meta)
+
+    async def recent(self, owner: str | None, limit: int) -> list[JobRecord]:
+        """The owner's most recent jobs, newest first (expired ones are skipped)."""
+        ids = await self.redis.zrevrange(names.jobs_index_key(owner), 0, limit - 1)
+        out = []
+        for job_id in ids:
+            try:
+                out.append(await self.get(job_id.decode()))
+            except JobNotFound:
+                await self.redis.zrem(names.jobs_index_key(owner), job_id)
+        return out
 
     async def mark_dispatched(self, job_id: str) -> None:
         await self.redis.zrem(names.DISPATCHING, job_id)

@@ -44,5 +44,10 @@ def events_channel(job_id: str) -> str:
     return f"{PREFIX}:events:{job_id}"
 
 
+def jobs_index_key(owner: str | None) -> str:
+    """Recent jobs of one API key (or of the open API), newest last."""
+    return f"{PREFIX}:jobs:{owner or '_open'}"
+
+
 def worker_key(name: str) -> str:
     return f"{WORKER_PREFIX}{name}"

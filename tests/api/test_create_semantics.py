@@ -73,3 +73,10 @@ def test_cancel_a_queued_job_and_cancel_again_is_a_noop(client):
     again = client.post(f"/v1/jobs/{job['id']}/cancel").json()
     assert again["status"] == "canceled" and again["completed_at"] == body["completed_at"]
     assert client.post("/v1/jobs/nope/cancel").status_code == 404
+
+
+def test_list_recent_jobs_newest_first(client):
+    ids = [client.post("/v1/jobs", json=TEXT).json()["id"] for _ in range(3)]
+    listed = client.get("/v1/jobs", params={"limit": 2}).json()["jobs"]
+    assert [j["id"] for j in listed] == ids[::-1][:2]
+    assert client.get("/v1/jobs", params={"limit": 0}).status_code == 422

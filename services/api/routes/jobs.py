@@ -4,7 +4,7 @@ import json
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Response
+from fastapi import APIRouter, Body, Header, Query, Response
 from sse_starlette import EventSourceResponse
 
 from services.api.auth import PrincipalDep
@@ -22,7 +22,7 @@ from services.api.envelope import envelope
 from services.api.events import job_events, wait_final
 from services.api.submission import submit
 from shared.errors import OutputNotFound
-from shared.job import Job, JobRequest
+from shared.job import Job, JobList, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+)")
@@ -62,6 +62,18 @@ async def create_job(
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{rec.id}"
     return envelope(rec, settings.public_url)
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(
+    principal: PrincipalDep,
+    store: JobStoreDep,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> JobList:
+    """The caller's most recent jobs (those of its API key, or all when the API is open)."""
+    recs = await store.recent(principal.key_id, limit)
+    return JobList(jobs=[envelope(r, settings.public_url) for r in recs])
 
 
 @router.get("/{job_id}", response_model=Job)
