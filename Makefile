@@ -5,13 +5,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install models run test lint bench clean
+.PHONY: install system-deps models run test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch is pinned (CPU wheel here) in the same resolve as diffusers/transformers/accelerate
-	$(BIN)/python -m pip install -q -e ".[api,worker,models,dev]"
+	$(BIN)/python -m pip install -q -e ".[api,worker,models,cli,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,7 +22,15 @@ models: install
 run: models
 	$(BIN)/python -m services.devstack.run
 
-test: install
+# The browser tests drive Debian's chromium (no browser download works offline).
+system-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (Debian package) for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is missing: install Debian's chromium package (sudo apt-get install chromium)"; exit 1; fi; }
+
+test: install system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -19,7 +19,7 @@ from services.api.joiner import Joiner
 from services.api.lifecycle import Lifecycle
 from services.api.notify import Notifier
 from services.api.ratelimit import RateLimiter
-from services.api.routes import health, jobs, models
+from services.api.routes import health, jobs, models, ui
 from services.api.webhooks.outbox import Outbox
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
@@ -66,6 +66,7 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(models.router)
     app.include_router(health.router)
+    app.include_router(ui.router)
     return app
 
 
