@@ -14,6 +14,7 @@ import time
 from services.api import metrics
 from services.api.dispatch import Dispatcher
 from services.api.lifecycle import Lifecycle
+from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import DeadLettered, JobNotFound
 from shared.job import JobError
 from shared.jobstore import JobStore
@@ -35,6 +36,7 @@ class Janitor:
 
     async def run(self) -> None:
         while True:
+            raise_if_cancelled()
             try:
                 await self.sweep()
             except asyncio.CancelledError:

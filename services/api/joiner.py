@@ -14,6 +14,7 @@ from redis.exceptions import ResponseError
 
 from services.api.lifecycle import Lifecycle
 from shared import names
+from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import JobNotFound
 from shared.settings import Settings
 
@@ -45,6 +46,7 @@ class Joiner:
         await self._handle_batch(await self._own_pending())
         last_claim = 0.0
         while True:
+            raise_if_cancelled()
             try:
                 if time.monotonic() - last_claim > self.settings.joiner_claim_idle_seconds / 2:
                     last_claim = time.monotonic()

@@ -44,6 +44,9 @@ class Lifecycle:
         """A sub-result came in: record progress, and finish the job when it can be."""
         rec = await self.store.get(job_id)
         if rec.final:
+            # Enqueue again in case the finisher died between finalizing and enqueueing; the
+            # outbox ignores a duplicate.
+            await self.notifier.outbox.enqueue(rec, "completed")
             return None
         results = await self.store.results(job_id)
         failed = first_error(results)

@@ -9,6 +9,7 @@ import logging
 
 from services.worker.runtime import WorkerRuntime
 from shared import names
+from shared.asyncio_compat import raise_if_cancelled
 from shared.job import FINAL_STATUSES
 
 log = logging.getLogger(__name__)
@@ -16,6 +17,7 @@ log = logging.getLogger(__name__)
 
 async def listen_for_cancels(rt: WorkerRuntime) -> None:
     while True:
+        raise_if_cancelled()
         pubsub = rt.redis.pubsub()
         try:
             await pubsub.subscribe(names.CANCEL_CHANNEL)

@@ -8,6 +8,7 @@ import time
 
 from services.worker.cancellation import stop_finished_jobs
 from services.worker.runtime import WorkerRuntime
+from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import TimeLimitExceeded
 from shared.job import JobError
 from shared.subrequest import SubResult
@@ -23,6 +24,7 @@ HARD_KILL_GRACE_SECONDS = 30.0
 async def heartbeat_loop(rt: WorkerRuntime) -> None:
     s = rt.settings
     while True:
+        raise_if_cancelled()
         try:
             await beat(rt)
         except Exception:  # Redis may be briefly away; keep beating

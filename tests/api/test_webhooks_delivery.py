@@ -388,7 +388,7 @@ async def test_updates_never_hold_up_completed(store, receivers, outboxes):
         return 200, {}
 
     r = receivers(answer)
-    ob, _ = outboxes(settings, max_updates_in_flight=4)
+    ob, _ = outboxes(settings, max_in_flight=4, max_updates_in_flight=4)
     busy = [await new_job(store, r.url, ["progress", "completed"], final=False)
             for _ in range(8)]
     for rec in busy:

@@ -4,10 +4,10 @@ import json
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Query, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Response
 from sse_starlette import EventSourceResponse
 
-from services.api.auth import PrincipalDep
+from services.api.auth import PrincipalDep, authenticate
 from services.api.deps import (
     DispatcherDep,
     JobDep,
@@ -24,7 +24,7 @@ from services.api.submission import submit
 from shared.errors import OutputNotFound
 from shared.job import Job, JobList, JobRequest
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authenticate)])
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+)")
 
 
@@ -34,9 +34,12 @@ def _prefer_wait(prefer: str | None, limit: int) -> int | None:
     return min(int(m.group(1)), limit) if m else None
 
 
-@router.post("", status_code=202, response_model=Job,
-             responses={200: {"description": "final within `Prefer: wait`, or an "
-                              "Idempotency-Key replay"}})
+@router.post(
+    "",
+    status_code=202,
+    response_model=Job,
+    responses={200: {"description": "final within `Prefer: wait`, or an Idempotency-Key replay"}},
+)
 async def create_job(
     req: Annotated[JobRequest, Body()],
     response: Response,
@@ -51,8 +54,9 @@ async def create_job(
     prefer: Annotated[str | None, Header()] = None,
 ) -> Job:
     await limiter.check(principal)
-    done = await submit(req, principal, idempotency_key, redis, store, registry, dispatcher,
-                        settings)
+    done = await submit(
+        req, principal, idempotency_key, redis, store, registry, dispatcher, settings
+    )
     rec = done.job
     wait = _prefer_wait(prefer, settings.max_wait_seconds)
     if wait is not None:
@@ -112,10 +116,14 @@ async def get_output(job: JobDep, index: int, store: JobStoreDep) -> Response:
         png = await store.blob(job.id, index)
         if png is None:
             raise OutputNotFound(f"output {index} of job {job.id} is not ready")
-        return Response(png, media_type="image/png",
-                        headers={"Cache-Control": "private, max-age=86400, immutable"})
+        return Response(
+            png,
+            media_type="image/png",
+            headers={"Cache-Control": "private, max-age=86400, immutable"},
+        )
     results = await store.results(job.id)
     if index not in results or results[index].output is None:
         raise OutputNotFound(f"output {index} of job {job.id} is not ready")
-    return Response(results[index].model_dump_json(include={"output"}),
-                    media_type="application/json")
+    return Response(
+        results[index].model_dump_json(include={"output"}), media_type="application/json"
+    )

@@ -1,11 +1,12 @@
 """/v1/models: the registry, and which live workers serve each model."""
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
+from services.api.auth import authenticate
 from services.api.deps import RegistryDep
 from shared.workers import live_workers
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(authenticate)])
 
 
 @router.get("")

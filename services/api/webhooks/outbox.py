@@ -9,7 +9,8 @@ out cannot overwrite what the next claimant decided.
 
 `completed` deliveries are retried with backoff for `webhook_retry_total_seconds`; `start` and
 `progress` are best effort (throttled, one retry) and have their own due queue and their own
-sending slots, so they never hold up a `completed` one.
+sending slots, so they never hold up a `completed` one. An update that finds its job already
+final when it is sent is dropped when a `completed` webhook for the job is coming anyway.
 
 The delivered/failed hash is kept (as a tombstone) as long as the job, so a second enqueue of
 the same event, e.g. from another replica, does not send it again.
@@ -31,6 +32,8 @@ from services.api.envelope import envelope
 from services.api.webhooks.metrics import DELIVERIES
 from services.api.webhooks.retry import backoff
 from services.api.webhooks.sender import Attempt, Sender
+from services.api.webhooks.signing import Signer
+from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import JobNotFound
 from shared.job import WebhookDelivery, WebhookEvent
 from shared.jobstore import JobRecord, JobStore
@@ -147,6 +150,7 @@ class Outbox:
         self.poll_interval = poll_interval
         self.limits = {DUE_COMPLETED: max_in_flight, DUE_UPDATES: max_updates_in_flight}
         self.verify = verify
+        self.signer = Signer(settings.webhook_secret)  # a bad secret fails at startup
         self.lease_seconds = settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS
         # A completed delivery's tombstone lives as long as its job, and at least until the
         # last retry could have been claimed.
@@ -190,13 +194,14 @@ class Outbox:
 
     async def run(self) -> None:
         sender = Sender(
-            self.settings.webhook_secret,
+            self.signer,
             self.settings.webhook_timeout_seconds,
             self.settings.webhook_allow_private,
             self.verify,
         )
         try:
             while True:
+                raise_if_cancelled()
                 try:
                     for queue in (DUE_COMPLETED, DUE_UPDATES):
                         await self._dispatch(queue, sender)
@@ -279,6 +284,7 @@ class Outbox:
         ):
             await self._end(claim, "dropped")
             return
+        raise_if_cancelled()  # not a new request from a replica that is stopping
         payload = envelope(rec, self.settings.public_url).model_dump(mode="json")
         at = datetime.now(UTC)
         result = await sender.post(str(rec.meta.webhook), claim.id, payload)

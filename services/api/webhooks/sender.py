@@ -108,9 +108,9 @@ def judge(status: int, retry_after: float | None) -> Attempt:
 
 
 class Sender:
-    def __init__(self, secret: str, timeout: float, allow_private: bool,
+    def __init__(self, signer: Signer, timeout: float, allow_private: bool,
                  verify: ssl.SSLContext | bool = True) -> None:
-        self.signer = Signer(secret)
+        self.signer = signer
         self.timeout = timeout
         self.client = httpx.AsyncClient(
             transport=PinnedTransport(allow_private, verify),

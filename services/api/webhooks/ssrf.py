@@ -98,6 +98,13 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
     return addrs
 
 
+def _literal(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
 async def resolve_allowed(host: str, port: int, allow_private: bool) -> list[IPAddress]:
     """Resolve and refuse the host if ANY of its addresses is blocked: an attacker who controls
     the DNS could otherwise mix one private address among public ones."""
@@ -106,7 +113,8 @@ async def resolve_allowed(host: str, port: int, allow_private: bool) -> list[IPA
         for ip in addrs:
             reason = blocked_reason(ip)
             if reason:
-                raise BlockedAddress("webhook", f"{host} resolves to {reason}")
+                where = "" if _literal(host) == ip else f"{host} resolves to a blocked address: "
+                raise BlockedAddress("webhook", where + reason)
     return addrs
 
 

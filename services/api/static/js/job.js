@@ -1,0 +1,154 @@
+// One job on screen: live status and progress from the event stream, then its results.
+
+import { ApiError, getJSON, postJSON } from "./api.js";
+import { renderResults } from "./results.js";
+import { streamEvents } from "./sse.js";
+
+export const FINAL = new Set(["succeeded", "failed", "canceled"]);
+const $ = (sel) => document.querySelector(sel);
+
+const sleep = (ms, signal) => new Promise((resolve) => {
+  const t = setTimeout(resolve, ms);
+  signal.addEventListener("abort", () => { clearTimeout(t); resolve(); }, { once: true });
+});
+
+export class JobView {
+  // onUpdate(job or {id, progress}) keeps the recent-jobs list in step with what is shown.
+  constructor(onUpdate) {
+    this.onUpdate = onUpdate;
+    this.job = null;
+    this.controller = null;
+    this.shownFinal = null;
+    $("#job-cancel").addEventListener("click", () => this.cancel(this.job.id));
+  }
+
+  get id() {
+    return this.job && this.job.id;
+  }
+
+  async open(idOrJob) {
+    if (this.controller) this.controller.abort();
+    const controller = new AbortController();
+    this.controller = controller;
+    const id = typeof idOrJob === "string" ? idOrJob : idOrJob.id;
+    this.job = { id };
+    this.shownFinal = null;
+    $("#job-card").hidden = false;
+    $("#job-id").textContent = id;
+    $("#job-error").textContent = "";
+    $("#results").replaceChildren();
+    $("#step-meter").hidden = true;
+    if (typeof idOrJob !== "string") this.render(idOrJob);
+    try {
+      await this.follow(id, controller.signal);
+    } catch (err) {
+      if (err.name !== "AbortError") throw err;
+    }
+  }
+
+  async follow(id, signal) {
+    try {
+      for await (const { event, data } of streamEvents(`/v1/jobs/${id}/events`, signal)) {
+        if (event === "status") this.render(data);
+        else if (event === "progress") this.progress(data);
+        else if (event === "step") this.step(data);
+      }
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      // A refusal (unknown job, bad key) will not get better by asking again.
+      if (err instanceof ApiError && err.status >= 400 && err.status < 500) {
+        this.fail(err.message);
+        return;
+      }
+    }
+    // The stream ends after the final status. If it ended early (a restart, a proxy's
+    // timeout), polling takes over.
+    let delay = 1000;
+    while (!signal.aborted && !FINAL.has(this.job.status)) {
+      try {
+        this.render(await getJSON(`/v1/jobs/${id}`, { signal }));
+        $("#job-error").textContent = "";
+        delay = 1000;
+      } catch (err) {
+        if (err.name === "AbortError") return;
+        if (err instanceof ApiError && err.status >= 400 && err.status < 500) {
+          this.fail(err.message);
+          return;
+        }
+        $("#job-error").textContent = `${err.message} Retrying…`;
+        delay = Math.min(delay * 2, 10000);
+      }
+      await sleep(delay, signal);
+    }
+  }
+
+  render(job) {
+    if (job.id !== this.id) return;
+    this.job = job;
+    const badge = $("#job-status");
+    badge.textContent = job.status;
+    badge.className = `badge ${job.status}`;
+    const final = FINAL.has(job.status);
+    $("#job-cancel").hidden = final;
+    $("#job-meta").textContent = meta(job);
+    this.progress(job.progress);
+    if (final) {
+      $("#step-meter").hidden = true;
+      $("#job-error").textContent = job.error ? `${job.error.code}: ${job.error.message}` : "";
+      if (this.shownFinal !== job.id) {
+        this.shownFinal = job.id;
+        renderResults($("#results"), job);
+      }
+    }
+    this.onUpdate(job);
+  }
+
+  progress({ done, total }) {
+    this.job.progress = { done, total };
+    $("#done-text").textContent = `${done} of ${total} done`;
+    $("#done-fill").style.width = `${total ? (100 * done) / total : 0}%`;
+    this.onUpdate({ id: this.id, progress: { done, total } });
+  }
+
+  step({ index, step, steps }) {
+    if (FINAL.has(this.job.status)) return;
+    const what = this.job.task === "text-generation" ? "token" : "denoise step";
+    $("#step-meter").hidden = false;
+    $("#step-label").textContent = `Output #${index + 1}: ${what}`;
+    $("#step-text").textContent = `${step} of ${steps}`;
+    $("#step-fill").style.width = `${steps ? (100 * step) / steps : 0}%`;
+  }
+
+  async cancel(id) {
+    const button = $("#job-cancel");
+    if (id === this.id) button.disabled = true;
+    try {
+      const job = await postJSON(`/v1/jobs/${id}/cancel`);
+      if (job.id === this.id) this.render(job);
+      else this.onUpdate(job);
+    } catch (err) {
+      if (id === this.id) $("#job-error").textContent = `Could not cancel: ${err.message}`;
+      else throw err;
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  fail(message) {
+    $("#job-error").textContent = message;
+    $("#job-cancel").hidden = true;
+  }
+}
+
+function meta(job) {
+  const parts = [job.model, job.task];
+  if (job.created_at) parts.push(`submitted ${new Date(job.created_at).toLocaleTimeString()}`);
+  const m = job.metrics || {};
+  if (m.queue_seconds != null) parts.push(`queued ${seconds(m.queue_seconds)}`);
+  if (m.run_seconds != null) parts.push(`ran ${seconds(m.run_seconds)}`);
+  return parts.join(" · ");
+}
+
+function seconds(s) {
+  return s < 10 ? `${s.toFixed(2)} s` : `${s.toFixed(1)} s`;
+}

@@ -1,0 +1,1 @@
+"""`fibermill`: submit jobs to a Fibermill API, follow them, and fetch their outputs."""

@@ -1,0 +1,135 @@
+"""Follow a job to its end, showing its progress: a rich progress bar on a terminal, one line
+per status change elsewhere, or nothing."""
+
+import sys
+import time
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from services.cli.client import Client, Unreachable
+
+FINAL = {"succeeded", "failed", "canceled"}
+POLL_SECONDS = 1.0
+GIVE_UP_SECONDS = 60.0  # an API silent this long is not restarting
+
+
+class Display(Protocol):
+    def status(self, job: dict) -> None: ...
+    def progress(self, done: int, total: int) -> None: ...
+    def step(self, index: int, step: int, steps: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class Silent:
+    def status(self, job: dict) -> None:
+        pass
+
+    def progress(self, done: int, total: int) -> None:
+        pass
+
+    def step(self, index: int, step: int, steps: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Lines(Silent):
+    """For logs and pipes: a line when the status changes, none per step."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.last: str | None = None
+
+    def status(self, job: dict) -> None:
+        if job["status"] != self.last:
+            self.last = job["status"]
+            p = job["progress"]
+            self.console.print(f"job {job['id']} {job['status']} ({p['done']}/{p['total']})",
+                               highlight=False)
+
+
+class Bars:
+    """Outputs done of total, and the denoise step (or token) of the latest running output."""
+
+    def __init__(self, console: Console) -> None:
+        self.bars = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.outputs: TaskID = self.bars.add_task("queued", total=None)
+        self.steps: TaskID | None = None
+        self.unit = "step"
+        self.bars.start()
+
+    def status(self, job: dict) -> None:
+        self.unit = "token" if job["task"] == "text-generation" else "step"
+        p = job["progress"]
+        self.bars.update(self.outputs, description=f"{job['status']:<9} outputs",
+                         completed=p["done"], total=p["total"])
+        if job["status"] in FINAL and self.steps is not None:
+            self.bars.update(self.steps, visible=False)
+
+    def progress(self, done: int, total: int) -> None:
+        self.bars.update(self.outputs, completed=done, total=total)
+
+    def step(self, index: int, step: int, steps: int) -> None:
+        description = f"  output #{index + 1} {self.unit}"
+        if self.steps is None:
+            self.steps = self.bars.add_task(description, total=steps)
+        self.bars.update(self.steps, description=description, completed=step, total=steps,
+                         visible=True)
+
+    def close(self) -> None:
+        self.bars.stop()
+
+
+def display_for(console: Console, quiet: bool) -> Display:
+    if console.is_terminal:
+        return Bars(console)
+    return Silent() if quiet else Lines(console)
+
+
+def follow(client: Client, job: dict, display: Display) -> dict:
+    """The job once final: from its event stream, or by polling if the stream breaks."""
+    display.status(job)
+    try:
+        for event, data in client.events(job["id"]):
+            if event == "status":
+                job = data
+                display.status(job)
+            elif event == "progress":
+                display.progress(data["done"], data["total"])
+            elif event == "step":
+                display.step(data["index"], data["step"], data["steps"])
+            if job["status"] in FINAL:
+                return job
+    except Unreachable as exc:
+        print(f"fibermill: {exc}; polling instead", file=sys.stderr)
+    silent_since = None
+    while job["status"] not in FINAL:
+        time.sleep(POLL_SECONDS)
+        try:
+            job = client.job(job["id"])
+        except Unreachable:
+            silent_since = silent_since or time.monotonic()
+            if time.monotonic() - silent_since > GIVE_UP_SECONDS:
+                raise
+            continue
+        silent_since = None
+        display.status(job)
+    return job
