@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(10.0, gt=0)
     webhook_retry_total_seconds: float = Field(3600.0, gt=0)
     webhook_progress_interval_seconds: float = Field(1.0, ge=0)
+    webhook_backoff_base_seconds: float = Field(1.0, gt=0)  # doubles per attempt, full jitter
+    webhook_backoff_cap_seconds: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _visibility_above_time_limit(self) -> "Settings":
