@@ -54,7 +54,8 @@ class Defaults(BaseModel):
 
 
 class ModelSpec(BaseModel):
-    name: str
+    # Queue names are built from it, and kombu splits priority lists at ":".
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     kind: ModelKind
     path: Path
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"

@@ -7,7 +7,7 @@ the limit by what they add together; the limit is a guard against runaway queues
 
 from redis.asyncio import Redis
 
-from shared.errors import ServiceUnavailable
+from shared.errors import InvalidInput, ServiceUnavailable
 from shared.queue_depth import queue_depth
 from shared.registry import ModelSpec
 from shared.settings import Settings
@@ -18,8 +18,13 @@ RETRY_AFTER_SECONDS = 5
 async def check_backpressure(
     redis: Redis, spec: ModelSpec, settings: Settings, incoming: int
 ) -> None:
-    """Raise ServiceUnavailable if `incoming` more sub-requests would overfill the queue."""
+    """Raise ServiceUnavailable if `incoming` more sub-requests would overfill the queue, or
+    InvalidInput for a job that could never fit, however empty the queue."""
     limit = spec.max_queue_depth or settings.max_queue_depth
+    if incoming > limit:
+        raise InvalidInput("input.prompts",
+                           f"{incoming} sub-requests in one job; model {spec.name} queues at "
+                           f"most {limit}")
     depth = await queue_depth(redis, spec.name)
     if depth + incoming > limit:
         raise ServiceUnavailable(

@@ -55,7 +55,6 @@ async def submit(
     # Split before storing, so a job that cannot be split is never accepted.
     probe = JobRecord(job_id, req.task, req.model, JobStatus.QUEUED, rec_input, 0, 0.0)
     subs = dispatcher.subrequests(probe)
-    await check_backpressure(redis, spec, settings, len(subs))
     if idempotency_key is not None:
         earlier = await idempotency.claim(redis, principal.key_id, idempotency_key, digest,
                                           job_id)
@@ -66,6 +65,13 @@ async def submit(
                 await idempotency.release(redis, principal.key_id, idempotency_key)
                 return await submit(req, principal, idempotency_key, redis, store, registry,
                                     dispatcher, settings)
+    try:
+        # After the Idempotency-Key: replaying an accepted job must not get a 503.
+        await check_backpressure(redis, spec, settings, len(subs))
+    except Exception:
+        if idempotency_key is not None:
+            await idempotency.release(redis, principal.key_id, idempotency_key)
+        raise
     meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
                    owner=principal.key_id, idempotency_key=idempotency_key)
     try:

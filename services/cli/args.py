@@ -7,6 +7,7 @@ from pathlib import Path
 from services.cli import exitcodes
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+METAVAR = {int: "N", float: "X", str: "TEXT"}
 
 # Input options by the task they belong to: (flag, input field, type, help).
 IMAGE_OPTIONS = [
@@ -29,7 +30,7 @@ def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=os.environ.get("FIBERMILL_URL") or DEFAULT_URL,
                         help="the API (default: $FIBERMILL_URL, else %(default)s)")
-    common.add_argument("--api-key", default=os.environ.get("FIBERMILL_API_KEY"),
+    common.add_argument("--api-key", default=os.environ.get("FIBERMILL_API_KEY"), metavar="KEY",
                         help="API key (default: $FIBERMILL_API_KEY)")
     common.add_argument("--json", action="store_true",
                         help="print JSON on stdout, for scripts")
@@ -54,21 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", parents=[common], help="submit a job",
                        description="Submit a job; prints its id, or follows it with --wait.")
-    p.add_argument("-m", "--model", required=True)
+    p.add_argument("-m", "--model", required=True, help="a model from `fibermill models`")
     p.add_argument("-p", "--prompt", dest="prompts", action="append", required=True,
                    metavar="TEXT", help="a prompt; repeat for several")
     p.add_argument("--task", choices=["image-generation", "text-generation"],
                    help="default: the model's task, from /v1/models")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="output i uses seed N + i; random if unset (the job records it)")
     images = p.add_argument_group("image models")
     for flags, dest, kind, text in IMAGE_OPTIONS:
-        images.add_argument(*flags, dest=dest, type=kind, help=text)
+        images.add_argument(*flags, dest=dest, type=kind, metavar=METAVAR[kind], help=text)
     texts = p.add_argument_group("text models")
     for flags, dest, kind, text in TEXT_OPTIONS:
-        texts.add_argument(*flags, dest=dest, type=kind, help=text)
+        texts.add_argument(*flags, dest=dest, type=kind, metavar=METAVAR[kind], help=text)
     texts.add_argument("--stop", action="append", metavar="TEXT",
                        help="a stop sequence; repeat for several")
-    p.add_argument("--priority", type=int, help="0 (first) to 9; default 5")
+    p.add_argument("--priority", type=int, metavar="N", help="0 (first) to 9; default 5")
     p.add_argument("--deadline", type=float, metavar="SECONDS",
                    help="fail the job if it has not finished this long after submit")
     p.add_argument("--idempotency-key", metavar="KEY",

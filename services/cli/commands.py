@@ -37,11 +37,13 @@ def _set(args: argparse.Namespace, options: list) -> list[tuple[str, str]]:
             if getattr(args, dest) is not None]
 
 
-def _task(args: argparse.Namespace, client: Client) -> str:
+def _task(args: argparse.Namespace, ctx: Context) -> str:
     if args.task:
         return args.task
-    for model in client.models():
+    for model in ctx.client.models():
         if model["name"] == args.model:
+            if not model["available"]:
+                ctx.err.print(f"warning: no worker serves {args.model} now; the job will wait")
             return model["task"]
     # An unknown model: the options tell the task, and the API will name the known models.
     text = _set(args, TEXT_OPTIONS) or args.stop
@@ -71,7 +73,7 @@ def _body(args: argparse.Namespace, task: str) -> dict:
 
 
 def submit(args: argparse.Namespace, ctx: Context) -> int:
-    body = _body(args, _task(args, ctx.client))
+    body = _body(args, _task(args, ctx))
     job = ctx.client.submit(body, args.idempotency_key)
     ctx.job_id = job["id"]
     if args.wait or args.out:

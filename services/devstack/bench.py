@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import redis
 
+from services.devstack.bench_lifecycle import cancel_to_free, webhook_latency
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 from shared.settings import REPO_ROOT
@@ -58,7 +60,8 @@ def main() -> None:
         rport, port = free_port(), free_port()
         redis_proc = start_redis(rport, Path(tmp), appendonly=False)
         env = {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
-               "FIBERMILL_WORKER_METRICS_PORT": "0", "FIBERMILL_LOG_LEVEL": "WARNING"}
+               "FIBERMILL_WORKER_METRICS_PORT": "0", "FIBERMILL_LOG_LEVEL": "WARNING",
+               "FIBERMILL_WEBHOOK_ALLOW_PRIVATE": "true"}
         workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         api = start_api(port, env)
         procs = [api, workers, redis_proc]
@@ -73,6 +76,13 @@ def main() -> None:
                     "digits, 1 image, 50 steps": measure(http, {
                         "task": "image-generation", "model": "digits",
                         "input": {"prompts": ["7"], "seed": 1}}, args.n),
+                }
+                r = redis.Redis(port=rport)
+                lifecycle = {
+                    "cancel of a running 50-step digits image, until its worker lets go":
+                        cancel_to_free(http, r, 10),
+                    "`completed` webhook, from the job's completed_at to the receiver":
+                        webhook_latency(http, args.n),
                 }
         finally:
             stop(procs)
@@ -89,6 +99,12 @@ def main() -> None:
     for name, r in rows.items():
         lines.append(f"| {name} | {r['n']} | {r['median']:.3f} | {r['p90']:.3f} | "
                      f"{r['min']:.3f} | {r['max']:.3f} |")
+    lines += ["", "Job lifecycle, in milliseconds:", "",
+              "| what | n | median (ms) | p90 (ms) | min (ms) | max (ms) |",
+              "|---|---|---|---|---|---|"]
+    for name, r in lifecycle.items():
+        lines.append(f"| {name} | {r['n']} | {r['median'] * 1000:.1f} | {r['p90'] * 1000:.1f} "
+                     f"| {r['min'] * 1000:.1f} | {r['max'] * 1000:.1f} |")
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

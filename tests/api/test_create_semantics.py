@@ -80,3 +80,16 @@ def test_list_recent_jobs_newest_first(client):
     listed = client.get("/v1/jobs", params={"limit": 2}).json()["jobs"]
     assert [j["id"] for j in listed] == ids[::-1][:2]
     assert client.get("/v1/jobs", params={"limit": 0}).status_code == 422
+
+
+def test_replay_is_not_refused_by_a_full_queue_and_a_too_big_job_is_422(settings_env, monkeypatch):
+    monkeypatch.setenv("FIBERMILL_MAX_QUEUE_DEPTH", "2")
+    with TestClient(create_app()) as client:
+        first = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "full"})
+        assert first.status_code == 202  # the queue now holds 2: full
+        assert client.post("/v1/jobs", json=TEXT).status_code == 503
+        again = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "full"})
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+        big = {**TEXT, "input": {"prompts": ["a", "b", "c"]}}
+        resp = client.post("/v1/jobs", json=big)
+        assert resp.status_code == 422 and "queues at most 2" in resp.json()["detail"][0]["msg"]

@@ -3,6 +3,7 @@
 
 const KEY_STORE = "fibermill.apiKey";
 const TASK_TAGS = new Set(["image-generation", "text-generation"]);
+export const FIX_FIELDS = "Some fields need fixing: see the messages beside them.";
 
 export function apiKey() {
   return localStorage.getItem(KEY_STORE) || "";
@@ -87,7 +88,7 @@ async function toError(res) {
       const field = fieldOf(d.loc);
       (fields[field] ||= []).push(cleanMessage(d.msg));
     }
-    return new ApiError(422, "Some fields need fixing (see below).", { fields, code });
+    return new ApiError(422, FIX_FIELDS, { fields, code });
   }
   const text = typeof detail === "string" ? detail : `${res.status} ${res.statusText}`;
   const opts = { retryAfter, code };

@@ -1,7 +1,7 @@
 // The submit form: it adapts to the chosen model's task, builds the request body, and puts the
 // API's field errors next to the fields they name.
 
-import { getJSON } from "./api.js";
+import { ApiError, FIX_FIELDS, getJSON } from "./api.js";
 
 const MODEL_STORE = "fibermill.model";
 const $ = (sel) => document.querySelector(sel);
@@ -14,7 +14,9 @@ export class JobForm {
     this.models = [];
     this.form.addEventListener("submit", (e) => {
       e.preventDefault();
-      onSubmit(this.body());
+      const unreadable = this.unreadable();
+      if (unreadable) this.showErrors(unreadable);
+      else onSubmit(this.body());
     });
     this.select.addEventListener("change", () => {
       localStorage.setItem(MODEL_STORE, this.select.value);
@@ -118,6 +120,16 @@ export class JobForm {
       else body[head] = value;
     }
     return body;
+  }
+
+  // A number field holding text reads as empty, which would silently drop it from the request.
+  unreadable() {
+    const fields = {};
+    for (const el of this.form.querySelectorAll("input[type=number]")) {
+      if (el.closest("[hidden]") || !el.validity.badInput) continue;
+      fields[el.dataset.field] = ["not a number"];
+    }
+    return Object.keys(fields).length ? new ApiError(0, FIX_FIELDS, { fields }) : null;
   }
 
   setBusy(busy) {

@@ -49,6 +49,7 @@ export class JobView {
   async follow(id, signal) {
     try {
       for await (const { event, data } of streamEvents(`/v1/jobs/${id}/events`, signal)) {
+        if (signal.aborted) return; // another job is on screen now
         if (event === "status") this.render(data);
         else if (event === "progress") this.progress(data);
         else if (event === "step") this.step(data);
