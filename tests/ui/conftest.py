@@ -1,0 +1,95 @@
+"""A live stack with API keys on, and a headless Chromium (Debian's, driven by Playwright)."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import redis
+
+from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.redis_server import free_port
+from shared.settings import REPO_ROOT
+from tests.e2e.conftest import Stack
+
+API_KEY = "ui-test-key"
+CHROMIUM = os.environ.get("FIBERMILL_TEST_CHROMIUM", "/usr/bin/chromium")  # Debian's
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = REPO_ROOT / "artifacts" / "ui"
+
+
+@pytest.fixture(scope="module")
+def ui_stack(redis_server, model_dir, tmp_path_factory):
+    """One API and one worker process: the page needs no more, and the machine has 2 cores.
+    Keys are on, so every request of the page must carry one."""
+    logs = tmp_path_factory.mktemp("ui-stack-logs")
+    redis.Redis.from_url(redis_server.url).flushdb()
+    env = {
+        "FIBERMILL_REDIS_URL": redis_server.url,
+        "FIBERMILL_MODEL_REGISTRY": str(model_dir / "registry.yaml"),
+        "FIBERMILL_API_KEYS": API_KEY,
+        "FIBERMILL_CPU_WORKERS": "1",
+        "FIBERMILL_WORKER_CONCURRENCY": "2",
+        "FIBERMILL_WORKER_MODELS": "digits,tiny-gpt2",
+        "FIBERMILL_WORKER_METRICS_PORT": "0",
+        "FIBERMILL_LOG_LEVEL": "WARNING",
+    }
+    port = free_port()
+    logfiles = [open(logs / f"{n}.log", "w") for n in ("api", "workers")]  # noqa: SIM115
+    procs = [start_api(port, env, stdout=logfiles[0], stderr=logfiles[0]),
+             start_workers(env, stdout=logfiles[1], stderr=logfiles[1])]
+    url = f"http://127.0.0.1:{port}"
+    s = Stack(url, redis_server.url, logs, url)
+    s.http.headers["Authorization"] = f"Bearer {API_KEY}"
+    try:
+        wait_ready(url, timeout=240, workers=1, procs=procs)
+    except Exception:
+        stop(procs)
+        raise AssertionError(f"stack did not start:\n{s.logs()}") from None
+    yield s
+    s.http.close()
+    s.other.close()
+    stop(procs)
+    for f in logfiles:
+        f.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: apt-get install -y chromium"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, ui_stack):
+    """A fresh browser context (own localStorage) on the page; console errors are collected
+    so a test can tell the page's own failures from the API's expected refusals."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900},
+                                  base_url=ui_stack.base_url)
+    p = context.new_page()
+    p.set_default_timeout(60_000)
+    p.page_errors = []
+    p.on("pageerror", lambda e: p.page_errors.append(str(e)))
+    yield p
+    context.close()
+
+
+@pytest.fixture
+def screenshot(tmp_path):
+    """Save a screenshot under the test's tmp dir, and a copy in artifacts/ui/ for people."""
+
+    def take(page, name: str) -> Path:
+        path = tmp_path / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, ARTIFACTS / path.name)
+        return path
+
+    return take

@@ -1,0 +1,195 @@
+"""The web page against a live API and worker, in headless Chromium."""
+
+import re
+
+import pytest
+
+from tests.ui.conftest import API_KEY
+
+pytestmark = pytest.mark.e2e
+
+# Every step event the page shows is recorded, to prove progress was followed live.
+RECORD_STEPS = """
+window.__steps = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const text = document.querySelector("#step-text");
+  new MutationObserver(() => window.__steps.push(text.textContent))
+    .observe(text, {childList: true, characterData: true, subtree: true});
+});
+"""
+IMAGES_LOADED = """n => {
+  const imgs = [...document.querySelectorAll('#results img')];
+  return imgs.length === n && imgs.every(i => i.complete && i.naturalWidth > 0);
+}"""
+
+
+def open_page(page, key: str = API_KEY):
+    page.goto("/")
+    page.fill("#api-key", key)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("body[data-connected]")
+    assert page.text_content("#key-state") == "key saved"
+    assert page.is_hidden("#banner")
+
+
+def choose(page, model: str, prompts: list[str]) -> None:
+    page.select_option("#model", model)
+    for i, prompt in enumerate(prompts):
+        if i >= page.locator("#prompts li").count():
+            page.click("#add-prompt")
+        page.fill(f"#prompts li:nth-child({i + 1}) input", prompt)
+
+
+def test_without_a_key_the_page_asks_for_one(page):
+    page.goto("/")
+    banner = page.locator("#banner")
+    banner.wait_for()
+    assert "needs a valid key" in banner.text_content()
+    assert page.locator("#api-key").get_attribute("aria-invalid") is not None
+    assert page.locator("body[data-connected]").count() == 0
+    page.fill("#api-key", API_KEY)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("body[data-connected]")
+    assert page.is_hidden("#banner")
+    # The key is kept in the browser: a reload needs no typing.
+    page.reload()
+    page.wait_for_selector("body[data-connected]")
+    assert page.input_value("#api-key") == API_KEY
+    assert page.page_errors == []
+
+
+def test_digits_job_shows_a_grid_of_four_images(page, ui_stack, screenshot):
+    page.add_init_script(RECORD_STEPS)
+    open_page(page)
+    choose(page, "digits", ["7", "a handwritten three"])
+    page.fill("#num_images_per_prompt", "2")
+    page.fill("#seed", "1")
+    page.click("#submit")
+    page.wait_for_function(IMAGES_LOADED, arg=4)
+
+    assert page.text_content("#job-status") == "succeeded"
+    assert page.text_content("#done-text") == "4 of 4 done"
+    steps = page.evaluate("window.__steps")
+    assert any(re.fullmatch(r"\d+ of 50", s) for s in steps), steps
+    images = page.evaluate("""[...document.querySelectorAll('#results img')].map(i => ({
+        natural: [i.naturalWidth, i.naturalHeight], shown: [i.clientWidth, i.clientHeight],
+        scale: Number(i.dataset.scale), pixelated: getComputedStyle(i).imageRendering}))""")
+    for img in images:
+        assert img["natural"] == [16, 16]
+        assert img["shown"] == [16 * img["scale"], 16 * img["scale"]] and img["scale"] > 1
+        assert img["pixelated"] == "pixelated"
+    captions = page.locator("#results figcaption").all_text_contents()
+    assert [re.search(r"seed (\d+)", c).group(1) for c in captions] == ["1", "2", "3", "4"]
+    assert "“7”" in captions[0] and "“a handwritten three”" in captions[3]
+    links = page.locator("#results a.download")
+    assert links.count() == 4
+    assert links.first.get_attribute("href").startswith("blob:")
+    job_id = page.text_content("#job-id")
+    assert links.first.get_attribute("download") == f"{job_id}-0-seed1.png"
+
+    row = page.locator(f"#recent tr[data-id='{job_id}']")
+    assert row.locator(".badge").text_content() == "succeeded"
+    assert ui_stack.http.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded"
+    shot = screenshot(page, "digits-grid")
+    assert shot.stat().st_size > 10_000
+
+    # The list outlives the page, and a past job opens with its images.
+    page.reload()
+    page.click(f"#recent tr[data-id='{job_id}'] button[data-action=open]")
+    page.wait_for_function(IMAGES_LOADED, arg=4)
+    assert page.text_content("#job-id") == job_id
+    assert page.page_errors == []
+
+
+def test_without_the_event_stream_the_page_polls(page):
+    open_page(page)
+    page.route("**/events", lambda route: route.abort())
+    choose(page, "digits", ["1"])
+    page.click("#submit")
+    page.wait_for_function(IMAGES_LOADED, arg=1)
+    assert page.text_content("#job-status") == "succeeded"
+    assert page.text_content("#job-error") == ""
+    assert page.page_errors == []
+
+
+def test_invalid_size_is_shown_next_to_the_field(page, ui_stack):
+    open_page(page)
+    choose(page, "digits", ["7"])
+    page.fill("#width", "24")
+    page.click("#submit")
+    error = page.locator("[data-error-for='input.width']")
+    error.wait_for()
+    assert "outside model digits's range 16..16" in error.text_content()
+    assert page.get_attribute("#width", "aria-invalid") == "true"
+    assert "fix" in page.text_content("#form-error")
+
+    page.fill("#width", "20")
+    assert page.is_hidden("[data-error-for='input.width']")  # editing clears the error
+    page.click("#submit")
+    page.wait_for_selector("[data-error-for='input.width']")
+    assert "multiple of 8" in error.text_content()
+    # A number field holding text is caught before it would be sent as nothing at all.
+    page.locator("#seed").press_sequentially("1e")
+    page.click("#submit")
+    page.wait_for_selector("[data-error-for='input.seed']")
+    assert page.text_content("[data-error-for='input.seed']") == "not a number"
+    assert page.is_hidden("#job-card")
+    assert page.locator("#recent tbody tr").count() == 0
+    assert page.page_errors == []
+
+
+def test_running_job_can_be_canceled(page, ui_stack):
+    open_page(page)
+    choose(page, "digits", ["4"])
+    page.fill("#steps", "1000")
+    page.click("#submit")
+    page.wait_for_selector("#job-status.running")
+    page.wait_for_selector("#step-meter:not([hidden])")
+    job_id = page.text_content("#job-id")
+    page.click("#job-cancel")
+    page.wait_for_selector("#job-status.canceled")
+    assert page.is_hidden("#job-cancel")
+    assert page.text_content("#results .missing") == "canceled"
+    row = page.locator(f"#recent tr[data-id='{job_id}']")
+    row.locator(".badge.canceled").wait_for()
+    assert row.locator("button[data-action=cancel]").count() == 0
+    assert ui_stack.http.get(f"/v1/jobs/{job_id}").json()["status"] == "canceled"
+    assert page.page_errors == []
+
+
+def test_text_job_shows_texts_beside_their_prompts(page):
+    open_page(page)
+    choose(page, "tiny-gpt2", ["Hello", "The sun"])
+    assert page.is_hidden("#width") and page.is_visible("#max_new_tokens")
+    page.fill("#max_new_tokens", "5")
+    page.click("#submit")
+    page.wait_for_selector("#job-status.succeeded")
+    cards = page.locator("#results article.text")
+    cards.nth(1).wait_for()
+    assert cards.locator(".prompt").all_text_contents() == ["Hello", "The sun"]
+    assert cards.locator(".reason").all_text_contents() == ["length", "length"]
+    assert cards.locator(".tokens").all_text_contents() == ["5 tokens", "5 tokens"]
+    boxes = [cards.nth(i).bounding_box() for i in range(2)]
+    assert boxes[0]["y"] == boxes[1]["y"] and boxes[0]["x"] < boxes[1]["x"]  # side by side
+    assert page.page_errors == []
+
+
+@pytest.mark.parametrize(
+    ("status", "detail", "expected"),
+    [
+        (429, "rate limit exceeded", "Too many jobs submitted in a short time. "
+                                     "Try again in 7 seconds."),
+        (503, "queue of model digits is full", "The service is busy right now (queue of model "
+                                               "digits is full). Try again in 7 seconds."),
+    ],
+    ids=["429", "503"],
+)
+def test_busy_answers_read_as_plain_messages(page, status, detail, expected):
+    open_page(page)
+    page.route("**/v1/jobs", lambda route: route.fulfill(
+        status=status, headers={"Retry-After": "7"}, json={"detail": detail, "code": "x"}))
+    choose(page, "digits", ["7"])
+    page.click("#submit")
+    page.wait_for_selector("#form-error:not(:empty)")
+    assert page.text_content("#form-error") == expected
+    assert page.is_enabled("#submit")
