@@ -1,6 +1,7 @@
 """A real stack for end-to-end tests: the API under uvicorn and the worker launcher with two
 CPU worker processes, as subprocesses, on the tests' own Redis."""
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -46,9 +47,35 @@ class Stack:
         return "\n".join(p.read_text()[-4000:] for p in sorted(self.log_dir.glob("*.log")))
 
 
+@contextlib.contextmanager
+def launch_stack(env: dict, log_dir: Path, apis: int = 1, workers: int = 1):
+    """Start `apis` API processes and the worker launcher on `env`; yield a Stack whose
+    second client talks to the second API (or the first, when there is one)."""
+    ports = [free_port() for _ in range(apis)]
+    logfiles = [open(log_dir / f"{n}.log", "w")  # noqa: SIM115 - closed below
+                for n in ["workers", *(f"api{i}" for i in range(apis))]]
+    procs = [start_api(p, env, stdout=f, stderr=f) for p, f in zip(ports, logfiles[1:],
+                                                                     strict=True)]
+    procs.append(start_workers(env, stdout=logfiles[0], stderr=logfiles[0]))
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    s = Stack(urls[0], env["FIBERMILL_REDIS_URL"], log_dir, urls[-1])
+    try:
+        try:
+            for url in urls:
+                wait_ready(url, timeout=240, workers=workers, procs=procs)
+        except Exception:
+            raise AssertionError(f"stack did not start:\n{s.logs()}") from None
+        yield s
+    finally:
+        s.http.close()
+        s.other.close()
+        stop(procs)
+        for f in logfiles:
+            f.close()
+
+
 @pytest.fixture(scope="module")
 def stack(redis_server, model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("stack-logs")
     metrics_port = free_port()  # worker i serves on metrics_port + i
     redis.Redis.from_url(redis_server.url).flushdb()
     env = {
@@ -64,23 +91,7 @@ def stack(redis_server, model_dir, tmp_path_factory):
         "FIBERMILL_WORKER_METRICS_PORT": str(metrics_port),
         "FIBERMILL_LOG_LEVEL": "WARNING",
     }
-    port, port2 = free_port(), free_port()
-    logfiles = [open(logs / f"{n}.log", "w") for n in ("api", "api2", "workers")]  # noqa: SIM115
-    workers = start_workers(env, stdout=logfiles[2], stderr=logfiles[2])
-    api = start_api(port, env, stdout=logfiles[0], stderr=logfiles[0])
-    api2 = start_api(port2, env, stdout=logfiles[1], stderr=logfiles[1])
-    procs = [api, api2, workers]
-    s = Stack(f"http://127.0.0.1:{port}", redis_server.url, logs, f"http://127.0.0.1:{port2}")
-    try:
-        wait_ready(s.base_url, timeout=240, workers=2, procs=procs)
-        wait_ready(f"http://127.0.0.1:{port2}", timeout=30, workers=2, procs=procs)
-    except Exception:
-        stop(procs)
-        raise AssertionError(f"stack did not start:\n{s.logs()}") from None
-    s.worker_metrics_port = metrics_port
-    yield s
-    s.http.close()
-    s.other.close()
-    stop(procs)
-    for f in logfiles:
-        f.close()
+    # Two API replicas: jobs submitted to one are read from, and joined by, either.
+    with launch_stack(env, tmp_path_factory.mktemp("stack-logs"), apis=2, workers=2) as s:
+        s.worker_metrics_port = metrics_port
+        yield s

@@ -7,10 +7,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.devstack.processes import start_api, start_workers, stop, wait_ready
-from services.devstack.redis_server import free_port
 from shared.settings import REPO_ROOT
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import launch_stack
 
 API_KEY = "ui-test-key"
 CHROMIUM = os.environ.get("FIBERMILL_TEST_CHROMIUM", "/usr/bin/chromium")  # Debian's
@@ -36,24 +34,9 @@ def ui_stack(redis_server, model_dir, tmp_path_factory):
         "FIBERMILL_WORKER_METRICS_PORT": "0",
         "FIBERMILL_LOG_LEVEL": "WARNING",
     }
-    port = free_port()
-    logfiles = [open(logs / f"{n}.log", "w") for n in ("api", "workers")]  # noqa: SIM115
-    procs = [start_api(port, env, stdout=logfiles[0], stderr=logfiles[0]),
-             start_workers(env, stdout=logfiles[1], stderr=logfiles[1])]
-    url = f"http://127.0.0.1:{port}"
-    s = Stack(url, redis_server.url, logs, url)
-    s.http.headers["Authorization"] = f"Bearer {API_KEY}"
-    try:
-        wait_ready(url, timeout=240, workers=1, procs=procs)
-    except Exception:
-        stop(procs)
-        raise AssertionError(f"stack did not start:\n{s.logs()}") from None
-    yield s
-    s.http.close()
-    s.other.close()
-    stop(procs)
-    for f in logfiles:
-        f.close()
+    with launch_stack(env, logs) as s:
+        s.http.headers["Authorization"] = f"Bearer {API_KEY}"
+        yield s
 
 
 @pytest.fixture(scope="module")
