@@ -76,7 +76,7 @@ async def store(aredis) -> JobStore:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    """The test models, built from configs (random weights), plus the committed digits model,
+    """The test models, built from configs (random weights), plus the committed demo models,
     and one model that raises when it runs."""
     from services.worker.modelbuild.tiny_diffusion import build_tiny_sd, build_tiny_sdxl
     from services.worker.modelbuild.tiny_gpt2 import build as build_tiny_gpt2
@@ -87,7 +87,8 @@ def model_dir(tmp_path_factory) -> Path:
     build_tiny_sdxl(d / "tiny-sdxl")
     _broken_copy(d / "tiny-gpt2", d / "broken-gpt2")
     registry = yaml.safe_load((REPO_ROOT / "models" / "registry.yaml").read_text())
-    registry["models"]["digits"]["path"] = str(REPO_ROOT / "models" / "digits")
+    for name in ("digits", "pydoc-gpt2"):  # the trained demo models are committed
+        registry["models"][name]["path"] = str(REPO_ROOT / "models" / name)
     registry["models"]["broken-gpt2"] = {
         **registry["models"]["tiny-gpt2"],
         "path": "broken-gpt2",

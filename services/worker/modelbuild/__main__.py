@@ -3,17 +3,18 @@
     python -m services.worker.modelbuild [--models-dir models] [--force]
 
 The tiny test models are rebuilt in about a second, so they are built when missing (or always,
-with --force). The digits model takes minutes to train and is committed, so it is trained only
-when its folder holds no weights.
+with --force). The demo models (digits, pydoc-gpt2) take minutes to train and are committed, so
+each is trained only when its folder holds no weights.
 """
 
 import argparse
+import math
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from services.worker.modelbuild import digits, tiny_diffusion, tiny_gpt2
+from services.worker.modelbuild import digits, pydoc_gpt2, tiny_diffusion, tiny_gpt2
 
 TINY: dict[str, Callable[[Path], None]] = {
     "tiny-sd": tiny_diffusion.build_tiny_sd,
@@ -56,6 +57,17 @@ def main() -> None:
         started = time.monotonic()
         build_into(target, build)
         print(f"{name}: built in {time.monotonic() - started:.1f} s -> {target}")
+
+    target = models_dir / "pydoc-gpt2"
+    if has_weights(target):
+        print("pydoc-gpt2: weights present, not retrained")
+    else:
+        text: dict = {}
+        build_into(target, lambda out: text.update(pydoc_gpt2.train(out)))
+        print(
+            f"pydoc-gpt2: trained {text['steps']} steps in {text['seconds']:.0f} s, held-out "
+            f"perplexity {math.exp(text['val_loss_after']):.1f} -> {target}"
+        )
 
     target = models_dir / "digits"
     if has_weights(target):
