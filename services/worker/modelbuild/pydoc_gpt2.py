@@ -22,16 +22,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tokenizers import pre_tokenizers
 from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
 
-from services.worker.modelbuild.tokenizers import (
-    _BYTES,
-    EOS,
-    _byte_words,
-    _train,
-    _vocab_and_merges,
-)
+from services.worker.modelbuild.tokenizers import train_gpt2_tokenizer
 
 SEED = 0
 CONTEXT = 128
@@ -148,19 +141,7 @@ def split(texts) -> tuple[list[str], list[str]]:
 
 
 def train_tokenizer(texts: list[str]) -> GPT2Tokenizer:
-    """A byte-level BPE in GPT-2's layout, built the way `tokenizers.train_gpt2_tokenizer` is."""
-    words = _byte_words(pre_tokenizers.ByteLevel(add_prefix_space=False), texts)
-    vocab, merges = _vocab_and_merges(_train(words, VOCAB_SIZE, [EOS]), [EOS], _BYTES)
-    return GPT2Tokenizer(
-        vocab=vocab,
-        merges=merges,
-        bos_token=EOS,
-        eos_token=EOS,
-        unk_token=EOS,
-        pad_token=EOS,
-        padding_side="left",
-        model_max_length=CONTEXT,
-    )
+    return train_gpt2_tokenizer(VOCAB_SIZE, CONTEXT, texts)
 
 
 def token_stream(tokenizer: GPT2Tokenizer, texts: list[str]) -> torch.Tensor:

@@ -113,9 +113,13 @@ def train_clip_tokenizer(vocab_size: int = 1000, model_max_length: int = 77) -> 
     )
 
 
-def train_gpt2_tokenizer(vocab_size: int = 1000, model_max_length: int = 1024) -> GPT2Tokenizer:
-    """A GPT-2-style tokenizer that pads on the left, as batched generation needs."""
-    words = _byte_words(pre_tokenizers.ByteLevel(add_prefix_space=False), corpus())
+def train_gpt2_tokenizer(
+    vocab_size: int = 1000, model_max_length: int = 1024, texts: list[str] | None = None
+) -> GPT2Tokenizer:
+    """A GPT-2-style tokenizer that pads on the left, as batched generation needs, trained on
+    `texts` (by default the small built-in corpus)."""
+    texts = corpus() if texts is None else texts
+    words = _byte_words(pre_tokenizers.ByteLevel(add_prefix_space=False), texts)
     trained = _train(words, vocab_size, [EOS])
     vocab, merges = _vocab_and_merges(trained, [EOS], _BYTES)
     return GPT2Tokenizer(
