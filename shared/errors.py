@@ -79,10 +79,6 @@ class DeadlineExceeded(FibermillError):
     code = "deadline_exceeded"
 
 
-class Canceled(FibermillError):
-    code = "canceled"
-
-
 class ModelError(FibermillError):
     """A model raised while running a sub-request."""
 

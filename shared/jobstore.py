@@ -170,6 +170,7 @@ class JobStore:
                 names.blobs_key(job_id),
                 names.attempts_key(job_id),
                 names.webhooks_key(job_id),
+                names.COMPLETIONS_STREAM,
             ],
             args=[
                 status.value,
@@ -177,6 +178,8 @@ class JobStore:
                 error.model_dump_json() if error else "",
                 repr(time.time()),
                 self.finished_ttl,
+                job_id,
+                STREAM_MAXLEN,
             ],
         )
         if res == -1:

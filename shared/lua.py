@@ -29,8 +29,11 @@ return {0, cur}
 """
 )
 
-# KEYS: job, results, blobs, attempts. ARGV: status, output json, error json ('' for none),
-# completed_at, ttl seconds. Returns 1 when the job became final, 0 if it already was, -1 if gone.
+# KEYS: job, results, blobs, attempts, webhooks, completion stream.
+# ARGV: status, output json, error json ('' for none), completed_at, ttl seconds, job id, stream
+# maxlen. Returns 1 when the job became final, 0 if it already was, -1 if gone. The `final`
+# stream entry is written in the same step, so whatever must follow a final state (the
+# `completed` webhook) is done by some API replica even if the one that finalized dies.
 FINALIZE = (
     _FINAL
     + """
@@ -39,7 +42,8 @@ if not cur then return -1 end
 if is_final(cur) then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', ARGV[4])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[3]) end
-for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'job', ARGV[6], 'kind', 'final')
 return 1
 """
 )

@@ -113,7 +113,10 @@ class Joiner:
 
     async def handle(self, fields: dict) -> None:
         job_id = fields[b"job"].decode()
-        if fields.get(b"kind") == b"started":
+        kind = fields.get(b"kind")
+        if kind == b"started":
             await self.lifecycle.started(job_id)
+        elif kind == b"final":
+            await self.lifecycle.finalized(job_id)
         else:
             await self.lifecycle.settle(job_id)

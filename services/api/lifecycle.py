@@ -35,6 +35,13 @@ class Lifecycle:
         await self.notifier.completed(final)
         return True
 
+    async def finalized(self, job_id: str) -> None:
+        """The stream's `final` entry: make sure the `completed` webhook is in the outbox even
+        if the replica that finalized the job died before enqueueing it (a duplicate is
+        ignored by the outbox)."""
+        rec = await self.store.get(job_id)
+        await self.notifier.outbox.enqueue(rec, "completed")
+
     async def started(self, job_id: str) -> None:
         rec = await self.store.get(job_id)
         if not rec.final:
@@ -44,9 +51,6 @@ class Lifecycle:
         """A sub-result came in: record progress, and finish the job when it can be."""
         rec = await self.store.get(job_id)
         if rec.final:
-            # Enqueue again in case the finisher died between finalizing and enqueueing; the
-            # outbox ignores a duplicate.
-            await self.notifier.outbox.enqueue(rec, "completed")
             return None
         results = await self.store.results(job_id)
         failed = first_error(results)

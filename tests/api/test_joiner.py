@@ -96,9 +96,10 @@ async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, sett
                     index=index, output={"text": "x", "finish_reason": "length", "tokens": 1}
                 ),
             )
-    for _ in range(200):
+    for _ in range(300):
         statuses = [(await store.get(f"k{j}")).status for j in range(n_jobs)]
-        if all(s == "succeeded" for s in statuses):
+        handled = sum(j.handled for j in joiners)
+        if all(s == "succeeded" for s in statuses) and handled >= 3 * n_jobs:
             break
         await asyncio.sleep(0.02)
     for t in tasks:
@@ -107,4 +108,22 @@ async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, sett
     assert all(s == "succeeded" for s in statuses)
     after = metrics.JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")._value.get()
     assert after - before == n_jobs
-    assert sum(j.handled for j in joiners) == 2 * n_jobs
+    # Each entry handled once: two results and one `final` per job.
+    assert sum(j.handled for j in joiners) == 3 * n_jobs
+
+
+async def test_completed_webhook_is_enqueued_even_if_the_finisher_died(
+    store, aredis, settings, lifecycle
+):
+    from services.api.webhooks.outbox import due_key, webhook_id
+    from shared.job import JobMeta, JobStatus
+
+    meta = JobMeta(webhook="https://hooks.example.com/x")
+    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1, meta)
+    joiner = Joiner(aredis, lifecycle, settings, "api-2")
+    await joiner.ensure_group()
+    # A replica finalized the job and died before enqueueing its webhook.
+    assert await store.finalize("j1", JobStatus.CANCELED, [None])
+    assert await aredis.zcard(due_key("completed")) == 0
+    await _drain(joiner)
+    assert await aredis.zscore(due_key("completed"), webhook_id("j1", "completed")) is not None
