@@ -72,6 +72,7 @@ def main() -> int:
         print(f"not ready: {exc}")
         shutdown()
     print(f"\nFibermill is ready after {time.time() - t0:.1f}s")
+    print(f"  web page: {base}/")
     print(f"  API:      {base}   (docs: {base}/docs)")
     print(f"  models:   {base}/v1/models")
     print(f"  metrics:  {base}/metrics   worker metrics: http://127.0.0.1:9100/metrics")
