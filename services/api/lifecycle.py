@@ -10,6 +10,7 @@ from shared import names
 from shared.errors import DeadlineExceeded
 from shared.job import JobError, JobStatus
 from shared.jobstore import JobRecord, JobStore
+from shared.subrequest import SubResult
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +21,12 @@ class Lifecycle:
         self.notifier = notifier
         self.base_url = base_url
 
-    async def finish(self, rec: JobRecord, status: JobStatus,
-                     error: JobError | None = None) -> bool:
+    async def finish(self, rec: JobRecord, status: JobStatus, error: JobError | None = None,
+                     results: dict[int, SubResult] | None = None) -> bool:
         """Make the job final once, keeping the outputs already done; only the caller whose
         change wins counts it, notifies, and tells workers to drop the rest."""
-        results = await self.store.results(rec.id)
+        if results is None:
+            results = await self.store.results(rec.id)
         output = assemble(rec, results, self.base_url)
         if not await self.store.finalize(rec.id, status, output, error):
             return False
@@ -58,9 +60,11 @@ class Lifecycle:
             # Fail fast: the rest of the job would be thrown away anyway.
             index, err = failed
             error = JobError(code=err.code, message=f"sub-request {index}: {err.message}")
-            return JobStatus.FAILED if await self.finish(rec, JobStatus.FAILED, error) else None
+            done = await self.finish(rec, JobStatus.FAILED, error, results)
+            return JobStatus.FAILED if done else None
         if len(results) >= rec.total:
-            return JobStatus.SUCCEEDED if await self.finish(rec, JobStatus.SUCCEEDED) else None
+            done = await self.finish(rec, JobStatus.SUCCEEDED, results=results)
+            return JobStatus.SUCCEEDED if done else None
         await self.notifier.progress(rec)
         return None
 
