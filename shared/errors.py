@@ -7,6 +7,12 @@ class FibermillError(Exception):
     code = "internal_error"
 
 
+class GraphError(FibermillError):
+    """A worker pipeline graph that routes to an operator it does not have, or nowhere."""
+
+    code = "graph_error"
+
+
 class InvalidInput(FibermillError):
     """A request field is out of bounds or not understood."""
 

@@ -23,3 +23,25 @@ STEPS_AFTER_STOP = Histogram(
     ["model"],
     buckets=(0, 1, 2, 3, 5, 10, 20, 50),
 )
+BATCH_SIZE = Histogram(
+    "fibermill_batch_size",
+    "Sub-requests run together in one batch",
+    ["model"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+)
+BUFFER_LEASES = Counter(
+    "fibermill_buffer_leases",
+    "Buffer-set leases, from the preallocated pool or allocated for one batch (adhoc)",
+    ["model", "outcome"],
+)
+BUFFER_FREE_SETS = Gauge(
+    "fibermill_buffer_free_sets", "Preallocated buffer sets not leased right now", ["model"]
+)
+BUFFER_ADHOC_LIVE = Gauge(
+    "fibermill_buffer_adhoc_live", "Buffer sets allocated ad hoc and still in use", ["model"]
+)
+DEVICE_SYNCS = Counter(
+    "fibermill_device_syncs",
+    "Times the host waited for the device (output: final copy of results; poll: early exit)",
+    ["model", "reason"],
+)

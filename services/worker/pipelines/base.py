@@ -1,19 +1,30 @@
-"""What every pipeline offers the worker: load once on a device, run a batch of items."""
+"""What every pipeline offers the worker: load once on a device, then run batches as a graph.
 
+A pipeline owns the read-only state (weights, configs), its operator graph, its buffer pool and
+the single device thread its model runs on. Everything that belongs to one batch lives in the
+`Batch` the graph is run with.
+"""
+
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
+from services.worker import metrics
+from services.worker.engine.batch import Batch, ShouldStop
+from services.worker.engine.buffers import BucketKey, BufferPool
+from services.worker.engine.graph import Graph
+from services.worker.engine.scheduler import Scheduler, cpu_executor
 from shared.registry import ModelSpec
 from shared.subrequest import ImageItem, TextItem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-# Called between denoise / decode steps; True asks the pipeline to stop early.
-ShouldStop = Callable[[], bool]
+__all__ = ["DTYPES", "ImageResult", "Pipeline", "ShouldStop", "TextResult"]
 
 
 @dataclass
@@ -31,24 +42,72 @@ class ImageResult:
     seed: int
 
 
+def observe_phase(model: str, phase: str, seconds: float) -> None:
+    metrics.PHASE_SECONDS.labels(model, phase).observe(seconds)
+
+
 class Pipeline(ABC):
-    """Loaded once per worker process (`setup`), then only ever run by one thread at a time."""
+    """Loaded once per worker process (`setup`); its model only ever runs on its device thread."""
+
+    graph: Graph
+    pool: BufferPool
 
     def __init__(self, spec: ModelSpec, device: torch.device) -> None:
         self.spec = spec
         self.device = device
         self.dtype = DTYPES[spec.dtype]
+        self.device_executor = ThreadPoolExecutor(1, thread_name_prefix=f"device-{spec.name}")
+        self.scheduler = Scheduler(
+            self.device_executor, cpu_executor(), spec.name, observe_phase
+        )
+
+    def setup(self) -> None:
+        """Load the weights, wire the graph and preallocate the buffer pool."""
+        self.load()
+        self.graph = self.build_graph()
+        self.pool = BufferPool(
+            self.spec.name, self.allocate, self.pool_buckets(), self.spec.pool_sets
+        )
 
     @abstractmethod
-    def setup(self) -> None:
+    def load(self) -> None:
         """Load weights from `spec.path` with `local_files_only=True` onto `self.device`."""
 
     @abstractmethod
+    def build_graph(self) -> Graph:
+        """The operator graph a batch runs through: list of items in, list of results out."""
+
+    @abstractmethod
+    def allocate(self, key: BucketKey) -> dict[str, Any]:
+        """Allocate one buffer set for a shape bucket."""
+
+    @abstractmethod
+    def pool_buckets(self) -> list[BucketKey]:
+        """The buckets preallocated at start (`spec.pool_sets` sets each)."""
+
+    @abstractmethod
+    def batch_key(self, item: TextItem | ImageItem) -> Hashable:
+        """Items with equal keys may run in one batch."""
+
+    async def run_async(self, batch: Batch) -> list[TextResult | ImageResult]:
+        """Run one batch through the graph; result i belongs to item i.
+
+        Each item's randomness comes from its own seed only, so an item's result is the same
+        whether it runs alone or in a batch. The batch's buffer leases are returned however
+        the run ends.
+        """
+        keys = {self.batch_key(item) for item in batch.items}
+        if len(keys) != 1:
+            raise ValueError(f"items in one batch must share size, steps and guidance: {keys}")
+        try:
+            return await self.scheduler.run_async(self.graph, batch.items, batch)
+        finally:
+            batch.close()
+
     def run(
         self, items: Sequence[TextItem | ImageItem], should_stop: ShouldStop | None = None
     ) -> list[TextResult | ImageResult]:
-        """Run a batch of compatible items; result i belongs to item i.
-
-        Each item's randomness comes from its own seed only, so an item's result is the
-        same whether it runs alone or in a batch.
-        """
+        """Run a batch from synchronous code (tests, benchmarks); `should_stop` stops it all."""
+        if not items:
+            return []
+        return asyncio.run(self.run_async(Batch(items, stop_all=should_stop)))
