@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps models run test lint bench clean
+.PHONY: install system-deps models run test lint bench bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,3 +41,7 @@ clean:
 
 bench: models
 	$(BIN)/python -m services.devstack.bench
+
+# On a machine with a CUDA GPU: the image graph against diffusers' own pipeline, sync counts.
+bench-gpu: $(STAMP)
+	$(BIN)/python -m services.devstack.bench_gpu --out docs/benchmarks-gpu.md

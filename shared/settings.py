@@ -33,7 +33,11 @@ class Settings(BaseSettings):
 
     # Workers
     cpu_workers: int = Field(1, ge=0)
-    worker_concurrency: int = Field(4, ge=1)
+    # Sub-requests one worker process holds at once (Celery threads, prefetch 1 each); unset, it
+    # is the largest max_batch among the models it serves, so a full batch can form while the
+    # rest of the backlog stays in the queue, visible to autoscaling.
+    worker_concurrency: int | None = Field(None, ge=1)
+    batching: bool = True  # off: every sub-request runs as a batch of one (benchmarks)
     worker_models: str = ""  # comma-separated; empty serves every model in the registry
     worker_heartbeat_ttl_seconds: float = Field(15.0, gt=0)
     worker_metrics_port: int = 9100

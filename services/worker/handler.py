@@ -1,10 +1,10 @@
 """Run one sub-request: take its lease, run the model, store the result once, release."""
 
-import asyncio
 import logging
 import time
 
 from services.worker import metrics
+from services.worker.engine.engine import Arrival
 from services.worker.pipelines.base import ImageResult, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.progress import step_hook
@@ -27,6 +27,13 @@ def _output(result: TextResult | ImageResult) -> tuple[dict, bytes | None]:
 
 
 async def handle(rt: WorkerRuntime, sub: SubRequest) -> str:
+    # Announced before the lease round trip, so the batcher waits for this sub-request
+    # (briefly) instead of starting a batch without it.
+    with rt.engines[sub.model].arrival() as arrival:
+        return await _handle(rt, sub, arrival)
+
+
+async def _handle(rt: WorkerRuntime, sub: SubRequest, arrival: Arrival) -> str:
     store, settings = rt.store, rt.settings
     grant = await store.acquire_lease(sub, rt.id, settings.lease_seconds, settings.max_attempts)
     if grant.outcome == "exhausted":
@@ -57,11 +64,8 @@ async def handle(rt: WorkerRuntime, sub: SubRequest) -> str:
         blob = None
         t0 = time.perf_counter()
         try:
-            pipeline = rt.pipelines[sub.model]
-            outs = await asyncio.get_running_loop().run_in_executor(
-                rt.executors[sub.model], pipeline.run, [sub.item], step_hook(rt, flight)
-            )
-            result.output, blob = _output(outs[0])
+            out = await arrival.submit(sub.item, step_hook(rt, flight))
+            result.output, blob = _output(out)
             outcome = "succeeded"
         except PipelineStopped:
             if flight.stop_requested_at_step is not None:

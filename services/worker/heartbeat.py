@@ -46,7 +46,7 @@ async def beat(rt: WorkerRuntime) -> None:
         host=socket.gethostname(),
         pid=os.getpid(),
         device=str(rt.device),
-        models=list(rt.pipelines),
+        models=list(rt.engines),
         in_flight=len(rt.in_flight),
         started_at=rt.started_at,
         seen_at=now,

@@ -53,7 +53,7 @@ def command(settings: Settings, slot: Slot, name: str) -> list[str]:
         "-P",
         "threads",
         "-c",
-        str(settings.worker_concurrency),
+        str(settings.worker_concurrency or max(registry.get(m).max_batch for m in models)),
         "-Q",
         ",".join(queue_for(m) for m in models),
         "-n",

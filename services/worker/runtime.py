@@ -1,8 +1,9 @@
 """One worker process: its device, its loaded models, and the event loop its work runs on.
 
 Celery's thread pool hands each sub-request to `WorkerRuntime.handle`, which runs it on the
-runtime's own asyncio loop. Each model has a single-thread device executor, so a model object
-is never run by two threads at once however many sub-requests are in flight.
+runtime's own asyncio loop. Each model has an engine (batcher + operator pipeline) whose model
+runs on a single-thread device executor, so a model object is never run by two threads at once
+however many sub-requests are in flight.
 """
 
 import asyncio
@@ -11,13 +12,12 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import redis.asyncio as aioredis
 import torch
 
 from services.worker import metrics
-from services.worker.pipelines.base import Pipeline
+from services.worker.engine.engine import Engine
 from services.worker.pipelines.factory import build_pipeline
 from shared.jobstore import JobStore
 from shared.registry import ModelRegistry, ModelSpec
@@ -64,8 +64,7 @@ class WorkerRuntime:
         self.name = settings.worker_name or f"{socket.gethostname()}-{self.device.type}"
         self.id = f"{self.name}/{os.getpid()}"
         self.started_at = time.time()
-        self.pipelines: dict[str, Pipeline] = {}
-        self.executors: dict[str, ThreadPoolExecutor] = {}
+        self.engines: dict[str, Engine] = {}
         self.in_flight: dict[str, InFlight] = {}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -86,8 +85,7 @@ class WorkerRuntime:
             t0 = time.perf_counter()
             pipeline = build_pipeline(spec, self.device)
             pipeline.setup()
-            self.pipelines[name] = pipeline
-            self.executors[name] = ThreadPoolExecutor(1, thread_name_prefix=f"device-{name}")
+            self.engines[name] = Engine(pipeline, batching=self.settings.batching)
             metrics.MODEL_LOAD_SECONDS.labels(name).set(time.perf_counter() - t0)
             log.info(
                 "loaded %s (%s) on %s in %.2fs",
@@ -119,8 +117,8 @@ class WorkerRuntime:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()
-        for ex in self.executors.values():
-            ex.shutdown(wait=False, cancel_futures=True)
+        for engine in self.engines.values():
+            engine.pipeline.device_executor.shutdown(wait=False, cancel_futures=True)
 
     async def _stop_async(self) -> None:
         from shared.workers import withdraw

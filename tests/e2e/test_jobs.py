@@ -5,7 +5,9 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from shared import names
@@ -124,3 +126,29 @@ def test_models_lists_live_workers(stack):
     assert {"digits", "tiny-gpt2", "tiny-sd", "tiny-sdxl"} <= set(models)
     assert models["digits"]["task"] == "image-generation"
     assert len(models["tiny-gpt2"]["workers"]) >= 1 and models["tiny-gpt2"]["available"]
+
+
+def test_image_job_split_over_both_workers_equals_one_batch_on_one_worker(stack, model_dir):
+    from services.worker.pipelines.image import StableDiffusionImagePipeline
+    from shared.inputs import ImageGenerationInput
+    from shared.registry import load_registry
+    from shared.subrequest import split_items
+
+    prompts = ["a red cube", "a blue ball", "a cat", "seven green dogs"]
+    raw = {"prompts": prompts, "seed": 21, "width": 64, "height": 64, "steps": 3}
+    body = {"task": "image-generation", "model": "tiny-sd", "input": raw}
+    for _ in range(6):  # until the sub-requests landed on both worker processes
+        job = stack.run(body)
+        assert job["status"] == "succeeded", job
+        if len({o["worker"] for o in job["output"]}) == 2:
+            break
+    assert len({o["worker"] for o in job["output"]}) == 2
+    spec = load_registry(model_dir / "registry.yaml").get("tiny-sd")
+    pipeline = StableDiffusionImagePipeline(spec, torch.device("cpu"))
+    pipeline.setup()
+    # The same items as one batch of four in this process: what a single worker would make.
+    items = split_items(spec, ImageGenerationInput.model_validate(raw), seed=21)
+    for i, one_worker in enumerate(pipeline.run(items)):
+        split = np.asarray(Image.open(io.BytesIO(_png(stack, job["id"], i)))).astype(int)
+        alone = np.asarray(Image.open(io.BytesIO(one_worker.png))).astype(int)
+        assert np.abs(split - alone).max() <= 1, i

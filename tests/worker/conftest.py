@@ -1,4 +1,5 @@
-"""Models and loaded pipelines shared by the worker tests (built once per session)."""
+"""Models and loaded pipelines shared by the worker tests (built once per session, with their
+graphs and buffer pools set up)."""
 
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from shared.registry import ModelSpec
 
 DIGITS_DIR = Path(__file__).resolve().parents[2] / "models" / "digits"
 CPU = torch.device("cpu")
+# As in models/registry.yaml: the buffer pools are preallocated at these sizes.
+TINY_DEFAULTS = {"width": 64, "height": 64, "steps": 4}
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +32,9 @@ def tiny_sdxl_dir(model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def sd_pipeline(tiny_sd_dir) -> StableDiffusionImagePipeline:
-    spec = ModelSpec(name="tiny-sd", kind="stable-diffusion", path=tiny_sd_dir)
+    spec = ModelSpec(
+        name="tiny-sd", kind="stable-diffusion", path=tiny_sd_dir, defaults=TINY_DEFAULTS
+    )
     pipeline = StableDiffusionImagePipeline(spec, CPU)
     pipeline.setup()
     return pipeline
@@ -37,7 +42,9 @@ def sd_pipeline(tiny_sd_dir) -> StableDiffusionImagePipeline:
 
 @pytest.fixture(scope="session")
 def sdxl_pipeline(tiny_sdxl_dir) -> StableDiffusionXLImagePipeline:
-    spec = ModelSpec(name="tiny-sdxl", kind="stable-diffusion-xl", path=tiny_sdxl_dir)
+    spec = ModelSpec(
+        name="tiny-sdxl", kind="stable-diffusion-xl", path=tiny_sdxl_dir, defaults=TINY_DEFAULTS
+    )
     pipeline = StableDiffusionXLImagePipeline(spec, CPU)
     pipeline.setup()
     return pipeline
@@ -45,7 +52,14 @@ def sdxl_pipeline(tiny_sdxl_dir) -> StableDiffusionXLImagePipeline:
 
 @pytest.fixture(scope="session")
 def digits_pipeline() -> ClassDDPMImagePipeline:
-    spec = ModelSpec(name="digits", kind="class-ddpm", path=DIGITS_DIR, classes=CLASSES)
+    spec = ModelSpec(
+        name="digits",
+        kind="class-ddpm",
+        path=DIGITS_DIR,
+        classes=CLASSES,
+        defaults={"width": 16, "height": 16, "steps": 50, "guidance_scale": 2.0},
+        max_batch=16,
+    )
     pipeline = ClassDDPMImagePipeline(spec, CPU)
     pipeline.setup()
     return pipeline

@@ -101,3 +101,8 @@ def test_should_stop_ends_the_run_early(digits_pipeline):
 def test_wrong_size_is_refused(digits_pipeline):
     with pytest.raises(ValueError, match="16x16"):
         digits_pipeline.run([item(label=1, size=32)])
+
+
+def test_class_label_out_of_range_is_refused(digits_pipeline):
+    with pytest.raises(ValueError, match=r"out of range 0\.\.9"):
+        digits_pipeline.run([item(label=10)])

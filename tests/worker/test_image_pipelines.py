@@ -117,3 +117,8 @@ def test_should_stop_false_runs_to_the_end(pipeline):
 def test_items_with_different_settings_are_refused(pipeline):
     with pytest.raises(ValueError, match="share"):
         pipeline.run([item(steps=4), item(steps=5)])
+
+
+def test_size_not_a_multiple_of_the_vae_scale_is_refused(pipeline):
+    with pytest.raises(ValueError, match="multiples of 8"):
+        pipeline.run([item(width=60)])

@@ -8,6 +8,7 @@ A route out of an operator is one of
 - `END`: the walk is over and this output is the result.
 """
 
+import itertools
 from dataclasses import dataclass
 
 from shared.errors import GraphError
@@ -70,4 +71,4 @@ class LinearRouter(Router):
         if not names:
             raise GraphError("a linear router needs at least one operator")
         chain = [START, *names, END]
-        super().__init__({a: b for a, b in zip(chain, chain[1:], strict=False)})
+        super().__init__({a: b for a, b in itertools.pairwise(chain)})

@@ -1,16 +1,23 @@
 """Image pipelines: Stable Diffusion, Stable Diffusion XL and class-conditional pixel DDPMs.
 
+Each is the same operator graph (`image_operators.py`): prepare -> encode -> denoise -> decode
+-> to_host -> png per item -> collect. The models differ in their encode operator (text
+encoders, or class labels) and their decode (a VAE, or none for pixel-space models).
+
 Batch invariance is the contract here: an item's image depends on its own fields only, never on
 what it was batched with. So each item's starting noise (and any noise a scheduler draws later)
 comes from a CPU generator seeded with the item's seed, drawn one item at a time, and moved to
 the device afterwards; a CPU generator gives the same numbers on every machine, a GPU one does
 not.
+
+Buffers are leased per batch from the pipeline's pool, bucketed by (capacity, latent height,
+latent width): the starting latents on the device, pinned host staging for the noise and for
+the final uint8 pixels, token ids and the text embeddings.
 """
 
-import io
-from collections.abc import Sequence
+from collections.abc import Hashable
+from typing import Any
 
-import numpy as np
 import torch
 from diffusers import (
     DDIMScheduler,
@@ -19,105 +26,168 @@ from diffusers import (
     StableDiffusionXLPipeline,
     UNet2DModel,
 )
-from PIL import Image
 
-from services.worker.pipelines.base import ImageResult, Pipeline, ShouldStop
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine import sync
+from services.worker.engine.buffers import BucketKey, capacity
+from services.worker.engine.graph import Graph
+from services.worker.engine.operator import Operator
+from services.worker.pipelines.base import Pipeline
+from services.worker.pipelines.image_operators import (
+    Denoise,
+    EncodeClassLabels,
+    EncodePrompts,
+    EncodePromptsXL,
+    PixelDecode,
+    Prepare,
+    PromptTokenizer,
+    VaeDecode,
+    image_graph,
+    to_device,
+)
 from shared.class_prompts import resolve_class
 from shared.subrequest import ImageItem
 
 
-def _settings(items: Sequence[ImageItem]) -> tuple[int, int, int, float]:
-    """The width, height, steps and guidance every item in a batch must share."""
-    shared = {(i.width, i.height, i.steps, i.guidance_scale) for i in items}
-    if len(shared) != 1:
-        raise ValueError(f"items in one batch must share size, steps and guidance: {shared}")
-    return shared.pop()
+class _ImagePipeline(Pipeline):
+    """What the image pipelines share: batch keys, pool buckets and the graph's shape."""
+
+    def batch_key(self, item: ImageItem) -> Hashable:
+        return (item.width, item.height, item.steps, item.guidance_scale)
+
+    def check_size(self, width: int, height: int) -> None:
+        """Raise ValueError for an image size this model cannot make."""
+        raise NotImplementedError
+
+    def bucket(self, n: int, width: int, height: int) -> BucketKey:
+        """The buffer bucket of a batch of `n` images of this size."""
+        raise NotImplementedError
+
+    def is_guided(self, guidance: float) -> bool:
+        """Whether a batch with this guidance scale runs classifier-free guidance."""
+        raise NotImplementedError
+
+    def pool_buckets(self) -> list[BucketKey]:
+        """Capacities 1, 2, 4, ... up to the largest batch, at the model's default size."""
+        width, height = self.spec.defaults.width, self.spec.defaults.height
+        try:
+            self.check_size(width, height)
+        except ValueError:
+            return []  # a default this model cannot make: every batch leases ad hoc
+        top = capacity(self.spec.max_batch)
+        return [self.bucket(1 << k, width, height) for k in range(top.bit_length())]
+
+    def _graph(self, prepare: Operator, encode: Operator, decode: Operator, unet, scheduler):
+        return image_graph(prepare, encode, Denoise(unet, scheduler), decode, self.spec.name)
 
 
-def _generators(items: Sequence[ImageItem]) -> list[torch.Generator]:
-    return [torch.Generator(device="cpu").manual_seed(item.seed) for item in items]
-
-
-def _noise(generators: list[torch.Generator], shape: tuple[int, ...]) -> torch.Tensor:
-    # One draw per item, so an item's noise never depends on its place in the batch.
-    return torch.cat([torch.randn((1, *shape), generator=g) for g in generators])
-
-
-def _png(pixels: np.ndarray) -> bytes:
-    """PNG bytes of a uint8 array: (H, W) gives a grayscale image, (H, W, 3) an RGB one."""
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _check_stop(should_stop: ShouldStop | None) -> None:
-    if should_stop is not None and should_stop():
-        raise PipelineStopped
-
-
-class _LatentDiffusionPipeline(Pipeline):
-    """Shared by SD and SDXL: load a diffusers pipeline, run it on per-item latents."""
+class _LatentDiffusionPipeline(_ImagePipeline):
+    """Shared by SD and SDXL: a diffusers pipeline's components, run as operators."""
 
     pipeline_class: type[DiffusionPipeline]
-    pipe: DiffusionPipeline
+    pipe: DiffusionPipeline  # the loaded diffusers pipeline (also a reference in tests)
 
-    def setup(self) -> None:
+    def load(self) -> None:
         pipe = self.pipeline_class.from_pretrained(
             self.spec.path, dtype=self.dtype, local_files_only=True, **self._load_options()
         )
         pipe.set_progress_bar_config(disable=True)
         self.pipe = pipe.to(self.device)
+        self.scale = pipe.vae_scale_factor
+        self.decoder = self._decoder()
 
     def _load_options(self) -> dict:
         return {}
 
-    def _prompt_options(self, items: Sequence[ImageItem], guided: bool) -> dict:
-        return {
-            "prompt": [item.prompt for item in items],
-            "negative_prompt": [item.negative_prompt for item in items] if guided else None,
-        }
+    def _decoder(self) -> VaeDecode:
+        """The decode operator, decoding as this model's diffusers pipeline does."""
+        return VaeDecode(self.pipe.vae, self.pipe.vae.config.scaling_factor)
 
-    def run(
-        self, items: Sequence[ImageItem], should_stop: ShouldStop | None = None
-    ) -> list[ImageResult]:
-        if not items:
-            return []
-        width, height, steps, guidance = _settings(items)
+    def _new_scheduler(self):
+        # A fresh scheduler per batch: set_timesteps keeps state on the object.
+        scheduler = self.pipe.scheduler
+        return type(scheduler).from_config(scheduler.config)
+
+    def _encoders(self) -> list[tuple[Any, Any]]:
+        """(tokenizer, text encoder) pairs, in the order their embeddings are concatenated."""
+        raise NotImplementedError
+
+    def check_size(self, width: int, height: int) -> None:
+        if width % self.scale or height % self.scale:
+            raise ValueError(f"width and height must be multiples of {self.scale}")
+
+    def bucket(self, n: int, width: int, height: int) -> BucketKey:
+        return (capacity(n), height // self.scale, width // self.scale)
+
+    def is_guided(self, guidance: float) -> bool:
+        return guidance > 1 and self.pipe.unet.config.time_cond_proj_dim is None
+
+    def allocate(self, key: BucketKey) -> dict[str, Any]:
+        cap, latent_h, latent_w = key
         pipe = self.pipe
-        scale = pipe.vae_scale_factor
-        if width % scale or height % scale:
-            raise ValueError(f"width and height must be multiples of {scale}")
-        _check_stop(should_stop)
-        generators = _generators(items)
-        shape = (pipe.unet.config.in_channels, height // scale, width // scale)
-        latents = _noise(generators, shape)
-
-        def stop_between_steps(_pipe, _step, _timestep, _tensors) -> dict:
-            _check_stop(should_stop)
-            return {}
-
-        with torch.inference_mode():
-            images = pipe(
-                **self._prompt_options(items, guided=guidance > 1),
-                width=width,
-                height=height,
-                num_inference_steps=steps,
-                guidance_scale=guidance,
-                latents=latents.to(self.device, self.dtype),
-                # Schedulers that add noise at each step draw it per item from these.
-                generator=generators,
-                output_type="pil",
-                callback_on_step_end=stop_between_steps,
-            ).images
-        return [
-            ImageResult(png=_png(np.asarray(image)), width=width, height=height, seed=item.seed)
-            for image, item in zip(images, items, strict=True)
-        ]
+        device = self.device
+        channels = pipe.unet.config.in_channels
+        latents = (cap, channels, latent_h, latent_w)
+        pixels = (cap, latent_h * self.scale, latent_w * self.scale, pipe.vae.config.out_channels)
+        buffers: dict[str, Any] = {
+            "latents": torch.empty(latents, dtype=self.dtype, device=device),
+            # The noise is drawn in float32 and cast to the model's dtype on the host, so
+            # the copy to the device is a plain DMA.
+            "noise_host": sync.pinned(latents, self.dtype, device),
+            "pixels_host": sync.pinned(pixels, torch.uint8, device),
+            "ids_host": [],
+            "ids": [],
+        }
+        # Token ids (2 * capacity rows: the negative prompts and the prompts).
+        for tokenizer, _ in self._encoders():
+            shape = (2 * cap, tokenizer.model_max_length)
+            buffers["ids_host"].append(sync.pinned(shape, torch.long, device))
+            buffers["ids"].append(torch.empty(shape, dtype=torch.long, device=device))
+        return buffers
 
 
 class StableDiffusionImagePipeline(_LatentDiffusionPipeline):
     pipeline_class = StableDiffusionPipeline
+
+    def _load_options(self) -> dict:
+        # The graph never runs a safety checker, so its weights are not loaded.
+        return {"safety_checker": None, "requires_safety_checker": False}
+
+    def _encoders(self) -> list[tuple[Any, Any]]:
+        return [(self.pipe.tokenizer, self.pipe.text_encoder)]
+
+    def _use_mask(self) -> bool:
+        return bool(getattr(self.pipe.text_encoder.config, "use_attention_mask", False))
+
+    def build_graph(self) -> Graph:
+        pipe = self.pipe
+        tokenize = PromptTokenizer(
+            [pipe.tokenizer], pipe.maybe_convert_prompt, with_mask=self._use_mask()
+        )
+        guidance_embedding = None
+        if pipe.unet.config.time_cond_proj_dim is not None:
+            dim = pipe.unet.config.time_cond_proj_dim
+
+            def guidance_embedding(guidance: float, rows: int) -> torch.Tensor:
+                w = torch.tensor(guidance - 1).repeat(rows)
+                return pipe.get_guidance_scale_embedding(w, embedding_dim=dim)
+
+        encode = EncodePrompts(pipe.text_encoder, self._use_mask(), guidance_embedding)
+        return self._graph(
+            Prepare(self, tokenize), encode, self.decoder, pipe.unet, self._new_scheduler
+        )
+
+    def allocate(self, key: BucketKey) -> dict[str, Any]:
+        buffers = super().allocate(key)
+        cap = key[0]
+        encoder = self.pipe.text_encoder
+        length = self.pipe.tokenizer.model_max_length
+        shape = (2 * cap, length, encoder.config.hidden_size)
+        buffers["embeds"] = torch.empty(shape, dtype=encoder.dtype, device=self.device)
+        if self._use_mask():
+            mask = (2 * cap, length)
+            buffers["mask_host"] = [sync.pinned(mask, torch.long, self.device)]
+            buffers["mask"] = [torch.empty(mask, dtype=torch.long, device=self.device)]
+        return buffers
 
 
 class StableDiffusionXLImagePipeline(_LatentDiffusionPipeline):
@@ -127,31 +197,67 @@ class StableDiffusionXLImagePipeline(_LatentDiffusionPipeline):
         # The watermark would make outputs depend on an optional package being installed.
         return {"add_watermarker": False}
 
-    def _prompt_options(self, items: Sequence[ImageItem], guided: bool) -> dict:
-        pipe = self.pipe
-        prompt, negative, pooled, negative_pooled = pipe.encode_prompt(
-            prompt=[item.prompt for item in items],
-            device=self.device,
-            do_classifier_free_guidance=guided,
-            negative_prompt=[item.negative_prompt for item in items] if guided else None,
-        )
-        if guided and pipe.config.force_zeros_for_empty_prompt:
-            # SDXL's own rule for an empty negative prompt (zeros, not the encoded ""), applied
-            # per item: the pipeline applies it only when the whole batch has none.
-            empty = torch.tensor([not item.negative_prompt for item in items], device=self.device)
-            negative = torch.where(empty[:, None, None], torch.zeros_like(negative), negative)
-            negative_pooled = torch.where(
-                empty[:, None], torch.zeros_like(negative_pooled), negative_pooled
+    def _decoder(self) -> VaeDecode:
+        # As StableDiffusionXLPipeline: a VAE that overflows in float16 decodes in float32, and
+        # latents are de-normalised with the VAE's mean and std when its config has them.
+        vae = self.pipe.vae
+        config = vae.config
+        if vae.dtype == torch.float16 and getattr(config, "force_upcast", False):
+            # A float32 copy loaded once (diffusers casts the shared VAE to float32 and back
+            # around every decode instead).
+            fp32 = type(vae).from_pretrained(
+                self.spec.path, subfolder="vae", dtype=torch.float32, local_files_only=True
             )
-        return {
-            "prompt_embeds": prompt,
-            "negative_prompt_embeds": negative,
-            "pooled_prompt_embeds": pooled,
-            "negative_pooled_prompt_embeds": negative_pooled,
-        }
+            vae = fp32.to(self.device)
+        mean = getattr(config, "latents_mean", None)
+        std = getattr(config, "latents_std", None)
+        if mean is None or std is None:
+            return VaeDecode(vae, config.scaling_factor)
+
+        def stat(values) -> torch.Tensor:
+            return torch.tensor(values).view(1, -1, 1, 1).to(self.device, vae.dtype)
+
+        return VaeDecode(vae, config.scaling_factor, stat(mean), stat(std))
+
+    def _encoders(self) -> list[tuple[Any, Any]]:
+        pipe = self.pipe
+        pairs = [(pipe.tokenizer, pipe.text_encoder), (pipe.tokenizer_2, pipe.text_encoder_2)]
+        return [(t, e) for t, e in pairs if t is not None and e is not None]
+
+    def build_graph(self) -> Graph:
+        pipe = self.pipe
+        encoders = self._encoders()
+        tokenize = PromptTokenizer([t for t, _ in encoders], pipe.maybe_convert_prompt)
+        encode = EncodePromptsXL(
+            [e for _, e in encoders], bool(pipe.config.force_zeros_for_empty_prompt)
+        )
+        return self._graph(
+            Prepare(self, tokenize), encode, self.decoder, pipe.unet, self._new_scheduler
+        )
+
+    def allocate(self, key: BucketKey) -> dict[str, Any]:
+        buffers = super().allocate(key)
+        cap, latent_h, latent_w = key
+        pipe = self.pipe
+        encoders = self._encoders()
+        projecting = pipe.text_encoder_2
+        dtype = projecting.dtype
+        length = encoders[0][0].model_max_length
+        width = sum(e.config.hidden_size for _, e in encoders)
+        rows = 2 * cap
+        buffers["embeds"] = torch.empty((rows, length, width), dtype=dtype, device=self.device)
+        projection = projecting.config.projection_dim
+        buffers["pooled"] = torch.empty((rows, projection), dtype=dtype, device=self.device)
+        # The size and crop ids are the same for every image of a bucket: filled in once.
+        size = (latent_h * self.scale, latent_w * self.scale)
+        time_ids = pipe._get_add_time_ids(
+            size, (0, 0), size, dtype=dtype, text_encoder_projection_dim=projection
+        )
+        buffers["time_ids"] = to_device(time_ids.repeat(rows, 1), self.device)
+        return buffers
 
 
-class ClassDDPMImagePipeline(Pipeline):
+class ClassDDPMImagePipeline(_ImagePipeline):
     """A class-conditional pixel-space `UNet2DModel` with classifier-free guidance.
 
     The UNet's last class embedding is the "no class" one it was trained with (labels dropped
@@ -160,7 +266,7 @@ class ClassDDPMImagePipeline(Pipeline):
 
     unet: UNet2DModel
 
-    def setup(self) -> None:
+    def load(self) -> None:
         path = self.spec.path
         self.unet = UNet2DModel.from_pretrained(
             path, subfolder="unet", dtype=self.dtype, local_files_only=True
@@ -173,6 +279,15 @@ class ClassDDPMImagePipeline(Pipeline):
         )
         self.null_class = self.unet.config.num_class_embeds - 1
 
+    def build_graph(self) -> Graph:
+        return self._graph(
+            Prepare(self),
+            EncodeClassLabels(self._label, self.null_class),
+            PixelDecode(),
+            self.unet,
+            lambda: DDIMScheduler.from_config(self.scheduler_config),
+        )
+
     def _label(self, item: ImageItem) -> int:
         label = item.class_label
         if label is None:
@@ -181,48 +296,33 @@ class ClassDDPMImagePipeline(Pipeline):
             raise ValueError(f"class label {label} out of range 0..{self.null_class - 1}")
         return label
 
-    def run(
-        self, items: Sequence[ImageItem], should_stop: ShouldStop | None = None
-    ) -> list[ImageResult]:
-        if not items:
-            return []
-        width, height, steps, guidance = _settings(items)
+    def check_size(self, width: int, height: int) -> None:
         size = self.unet.config.sample_size
         if (width, height) != (size, size):
             raise ValueError(f"this model makes {size}x{size} images, not {width}x{height}")
-        labels = torch.tensor([self._label(item) for item in items], device=self.device)
-        null = torch.full_like(labels, self.null_class)
-        # A fresh scheduler per run: set_timesteps keeps state on the object.
-        scheduler = DDIMScheduler.from_config(self.scheduler_config)
-        scheduler.set_timesteps(steps, device=self.device)
-        generators = _generators(items)
-        channels = self.unet.config.in_channels
-        sample = _noise(generators, (channels, height, width)).to(self.device, self.dtype)
-        sample = sample * scheduler.init_noise_sigma
-        with torch.inference_mode():
-            for t in scheduler.timesteps:
-                _check_stop(should_stop)
-                eps = self._guided_eps(sample, t, labels, null, guidance)
-                sample = scheduler.step(eps, t, sample, generator=generators).prev_sample
-        pixels = ((sample.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
-        pixels = pixels.permute(0, 2, 3, 1).cpu().numpy()
-        if channels == 1:
-            pixels = pixels[..., 0]
-        return [
-            ImageResult(png=_png(image), width=width, height=height, seed=item.seed)
-            for image, item in zip(pixels, items, strict=True)
-        ]
 
-    def _guided_eps(
-        self,
-        sample: torch.Tensor,
-        t: torch.Tensor,
-        labels: torch.Tensor,
-        null: torch.Tensor,
-        guidance: float,
-    ) -> torch.Tensor:
-        if guidance == 1:
-            return self.unet(sample, t, class_labels=labels).sample
-        both = self.unet(torch.cat([sample, sample]), t, class_labels=torch.cat([labels, null]))
-        eps_cond, eps_uncond = both.sample.chunk(2)
-        return eps_uncond + guidance * (eps_cond - eps_uncond)
+    def bucket(self, n: int, width: int, height: int) -> BucketKey:
+        return (capacity(n), height, width)
+
+    def is_guided(self, guidance: float) -> bool:
+        return guidance != 1
+
+    def pool_buckets(self) -> list[BucketKey]:
+        # The model makes one size only, whatever the registry's defaults say.
+        size = self.unet.config.sample_size
+        top = capacity(self.spec.max_batch)
+        return [self.bucket(1 << k, size, size) for k in range(top.bit_length())]
+
+    def allocate(self, key: BucketKey) -> dict[str, Any]:
+        cap, height, width = key
+        device = self.device
+        channels = self.unet.config.in_channels
+        shape = (cap, channels, height, width)
+        out = (cap, height, width, self.unet.config.out_channels)
+        return {
+            "latents": torch.empty(shape, dtype=self.dtype, device=device),
+            "noise_host": sync.pinned(shape, self.dtype, device),
+            "pixels_host": sync.pinned(out, torch.uint8, device),
+            "labels_host": sync.pinned((2 * cap,), torch.long, device),
+            "labels": torch.empty((2 * cap,), dtype=torch.long, device=device),
+        }

@@ -1,0 +1,208 @@
+"""Engine benchmarks for `make bench`: batching on / off, end to end / in-process, pool health.
+
+Each figure is a ratio of two measurements taken in the same run on the same machine:
+- throughput of a burst of one-prompt jobs through a real stack with batching on, over the same
+  burst with batching off (`FIBERMILL_BATCHING=false`: every sub-request a batch of one);
+- the end-to-end throughput over the same burst run in-process through the same engine (batcher
+  and operator graph), without HTTP, Redis or Celery: what the queue costs;
+- after warm-up, ad-hoc buffer leases under steady load (goal 0) and p99/p50 job latency.
+"""
+
+import asyncio
+import subprocess
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.redis_server import free_port, start_redis
+
+FINAL = {"succeeded", "failed", "canceled"}
+
+
+@contextmanager
+def stack(models: str, batching: bool):
+    """A local stack (Redis, API, one CPU worker serving `models`); yields (http, metrics url)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rport, port, mport = free_port(), free_port(), free_port()
+        redis_proc = start_redis(rport, Path(tmp), appendonly=False)
+        env = {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
+               "FIBERMILL_WORKER_METRICS_PORT": str(mport), "FIBERMILL_LOG_LEVEL": "WARNING",
+               "FIBERMILL_WORKER_MODELS": models,
+               "FIBERMILL_BATCHING": "true" if batching else "false",
+               # the bench submits bursts far past a client's default rate limit
+               "FIBERMILL_RATE_LIMIT_PER_MINUTE": "1000000",
+               "FIBERMILL_RATE_LIMIT_BURST": "100000"}
+        workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        api = start_api(port, env)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_ready(base, timeout=300, procs=[api, workers])
+            with httpx.Client(base_url=base, timeout=120) as http:
+                yield http, f"http://127.0.0.1:{mport}/metrics"
+        finally:
+            stop([api, workers, redis_proc])
+
+
+def run_job(http: httpx.Client, body: dict) -> float:
+    t0 = time.perf_counter()
+    job = http.post("/v1/jobs", json=body).json()
+    while job["status"] not in FINAL:
+        time.sleep(0.005)
+        job = http.get(f"/v1/jobs/{job['id']}").json()
+    assert job["status"] == "succeeded", job
+    return time.perf_counter() - t0
+
+
+def burst(http: httpx.Client, body: dict, n: int) -> float:
+    """Jobs per second for `n` jobs submitted at once (after one warm-up burst)."""
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(lambda _: run_job(http, body), range(n)))
+        t0 = time.perf_counter()
+        list(pool.map(lambda _: run_job(http, body), range(n)))
+    return n / (time.perf_counter() - t0)
+
+
+def in_process(model: str, item, n: int) -> tuple[float, dict]:
+    """Jobs per second for `n` items submitted at once to an in-process engine."""
+    from services.worker.engine.engine import Engine
+    from services.worker.pipelines.factory import build_pipeline
+    from services.worker.runtime import pick_device
+    from shared.registry import load_registry
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    spec = load_registry(settings.model_registry).get(model)
+    pipeline = build_pipeline(spec, pick_device(settings))
+    pipeline.setup()
+    engine = Engine(pipeline)
+
+    async def once() -> float:
+        engine.batcher.expected = n  # as the worker announces sub-requests it has taken
+        t0 = time.perf_counter()
+
+        async def one():
+            engine.batcher.expected -= 1
+            return await engine.submit(item)
+
+        await asyncio.gather(*(one() for _ in range(n)))
+        return time.perf_counter() - t0
+
+    async def main() -> float:
+        await once()
+        return await once()
+
+    return n / asyncio.run(main()), {"max_batch": spec.max_batch}
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def mean_batch(text: str, model: str) -> float:
+    count = metric(text, "fibermill_batch_size_count", model=model)
+    return metric(text, "fibermill_batch_size_sum", model=model) / count if count else 0.0
+
+
+def steady(http: httpx.Client, body: dict, clients: int, n: int) -> list[float]:
+    with ThreadPoolExecutor(clients) as pool:
+        return sorted(pool.map(lambda _: run_job(http, body), range(n)))
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def text_body() -> dict:
+    return {"task": "text-generation", "model": "tiny-gpt2",
+            "input": {"prompts": ["Hello there"], "max_new_tokens": 16}}
+
+
+def image_body() -> dict:
+    return {"task": "image-generation", "model": "tiny-sd",
+            "input": {"prompts": ["a red cube"], "width": 64, "height": 64, "steps": 4,
+                      "seed": 1}}
+
+
+def run(n: int = 32, steady_jobs: int = 200) -> dict:
+    from shared.subrequest import ImageItem, TextItem
+
+    cases = {
+        "text": ("tiny-gpt2", text_body(), TextItem(prompt="Hello there", max_new_tokens=16)),
+        "image": ("tiny-sd", image_body(),
+                  ImageItem(prompt="a red cube", width=64, height=64, steps=4, seed=1,
+                            guidance_scale=7.5)),
+    }
+    out: dict = {"n": n}
+    models = ",".join(model for model, _, _ in cases.values())
+    for batching in (False, True):
+        with stack(models, batching) as (http, metrics_url):
+            for name, (model, body, _) in cases.items():
+                before = scrape(metrics_url)
+                out[(name, batching)] = burst(http, body, n)
+                after = scrape(metrics_url)
+                out[(name, batching, "batch")] = (
+                    (metric(after, "fibermill_batch_size_sum", model=model)
+                     - metric(before, "fibermill_batch_size_sum", model=model))
+                    / max(1.0, metric(after, "fibermill_batch_size_count", model=model)
+                          - metric(before, "fibermill_batch_size_count", model=model)))
+            if batching:
+                model, body, _ = cases["text"]
+                steady(http, body, 4, 20)  # warm-up
+                before = scrape(metrics_url)
+                lat = steady(http, body, 4, steady_jobs)
+                after = scrape(metrics_url)
+                out["steady"] = {
+                    "jobs": steady_jobs, "clients": 4,
+                    "p50": percentile(lat, 0.5), "p99": percentile(lat, 0.99),
+                    "adhoc": metric(after, "fibermill_buffer_leases_total", outcome="adhoc")
+                    - metric(before, "fibermill_buffer_leases_total", outcome="adhoc"),
+                    "pooled": metric(after, "fibermill_buffer_leases_total", outcome="pooled")
+                    - metric(before, "fibermill_buffer_leases_total", outcome="pooled"),
+                }
+    for name, (model, _, item) in cases.items():
+        out[(name, "in-process")], _ = in_process(model, item, n)
+    return out
+
+
+def report(r: dict) -> list[str]:
+    n = r["n"]
+    lines = [
+        f"Engine, {n} one-prompt jobs submitted at once (jobs/s; ratios from the same run):", "",
+        "| model | batching off | batching on | mean batch | on / off | in-process "
+        "| end to end / in-process |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, label in (("text", "tiny-gpt2, 16 new tokens"),
+                        ("image", "tiny-sd, 64x64, 4 steps")):
+        off, on, inproc = r[(name, False)], r[(name, True)], r[(name, "in-process")]
+        lines.append(f"| {label} | {off:.1f} | {on:.1f} | {r[(name, True, 'batch')]:.1f} | "
+                     f"{on / off:.2f}x | {inproc:.1f} | {on / inproc:.2f}x |")
+    s = r["steady"]
+    lines += ["", f"Pools under steady load ({s['jobs']} tiny-gpt2 jobs from {s['clients']} "
+              "clients, after warm-up):", "",
+              "| ad-hoc leases | pooled leases | p50 (s) | p99 (s) | p99 / p50 |",
+              "|---|---|---|---|---|",
+              f"| {s['adhoc']:.0f} | {s['pooled']:.0f} | {s['p50']:.3f} | {s['p99']:.3f} | "
+              f"{s['p99'] / s['p50']:.2f} |"]
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(report(run())))

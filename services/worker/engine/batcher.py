@@ -1,0 +1,88 @@
+"""The dynamic batcher: groups compatible sub-requests into batches for one model.
+
+Items with the same batch key (same shape bucket: size and steps for images) are batched up to
+`max_batch`. A group is dispatched at once when it is full or when nothing else is on its way
+to the batcher (`expected`: sub-requests this worker has taken from the queue but not yet
+submitted); otherwise it waits for them at most `max_wait` after its oldest item arrived. So an
+idle engine never waits when nothing else is queued, and a burst is caught whole.
+
+At most `max_running` batches are in the pipeline at once: one on the device while the next
+one's CPU phases (tokenising, noise) run beside it. Everything here runs on the event loop.
+"""
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Pending:
+    item: Any
+    key: Hashable
+    should_stop: Callable[[], bool] | None
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    def __init__(
+        self,
+        run: Callable[[list[Pending]], Awaitable[None]],
+        max_batch: int,
+        max_wait_s: float,
+        max_running: int = 2,
+    ) -> None:
+        self._run_batch = run
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.max_running = max_running
+        self.pending: deque[Pending] = deque()
+        self.running = 0
+        self.expected = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def submit(self, item: Any, key: Hashable, should_stop=None) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append(Pending(item, key, should_stop, future))
+        self.pump()
+        return future
+
+    def pump(self) -> None:
+        """Dispatch every group that is ready, and wake up later for one that is not yet."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self.running < self.max_running and self.pending:
+            oldest = self.pending[0]
+            group = [p for p in self.pending if p.key == oldest.key][: self.max_batch]
+            wait = oldest.arrived + self.max_wait_s - time.monotonic()
+            if len(group) < self.max_batch and self.expected > 0 and wait > 0:
+                self._timer = asyncio.get_running_loop().call_later(wait, self.pump)
+                return
+            for p in group:
+                self.pending.remove(p)
+            self.running += 1
+            task = asyncio.ensure_future(self._run(group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, group: list[Pending]) -> None:
+        try:
+            await self._run_batch(group)
+        except BaseException as exc:  # the runner settles futures; this is a last resort
+            for p in group:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("batch runner failed")
+        finally:
+            self.running -= 1
+            self.pump()

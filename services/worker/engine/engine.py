@@ -1,0 +1,86 @@
+"""One model's engine: its pipeline fed by a dynamic batcher, on the worker's event loop.
+
+`submit` returns the item's own result, or raises what failed its batch: a failing batch fails
+exactly its own sub-requests, the engine keeps serving. An item whose stop hook fires ends at
+once with PipelineStopped while the rest of its batch runs on.
+"""
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from services.worker import metrics
+from services.worker.engine.batch import Batch, ShouldStop
+from services.worker.engine.batcher import Batcher, Pending
+from services.worker.pipelines.base import ImageResult, Pipeline, TextResult
+from services.worker.pipelines.stopped import PipelineStopped
+from shared.subrequest import ImageItem, TextItem
+
+
+class Arrival:
+    """A sub-request on its way to the engine; the batcher waits for it briefly."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+        self.submitted = False
+
+    async def submit(self, item, should_stop: ShouldStop | None = None):
+        self.submitted = True
+        self.engine.batcher.expected -= 1
+        return await self.engine.submit(item, should_stop)
+
+
+class Engine:
+    def __init__(self, pipeline: Pipeline, batching: bool = True) -> None:
+        self.pipeline = pipeline
+        spec = pipeline.spec
+        self.model = spec.name
+        max_batch = spec.max_batch if batching else 1
+        self.batcher = Batcher(self._run, max_batch, spec.max_wait_ms / 1000)
+
+    @contextmanager
+    def arrival(self) -> Iterator[Arrival]:
+        """Announce a sub-request before its (awaited) preliminaries; submit through it."""
+        arrival = Arrival(self)
+        self.batcher.expected += 1
+        try:
+            yield arrival
+        finally:
+            if not arrival.submitted:
+                self.batcher.expected -= 1
+                self.batcher.pump()
+
+    async def submit(
+        self, item: TextItem | ImageItem, should_stop: ShouldStop | None = None
+    ) -> TextResult | ImageResult:
+        key = self.pipeline.batch_key(item)
+        return await self.batcher.submit(item, key, should_stop)
+
+    async def _run(self, group: list[Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        metrics.BATCH_SIZE.labels(self.model).observe(len(group))
+
+        def stopped(i: int) -> None:
+            # Called on the device thread between steps.
+            loop.call_soon_threadsafe(_settle, group[i].future, None, PipelineStopped())
+
+        batch = Batch(
+            [p.item for p in group], [p.should_stop for p in group], on_stop=stopped
+        )
+        try:
+            results = await self.pipeline.run_async(batch)
+        except Exception as exc:
+            for p in group:
+                _settle(p.future, None, exc)
+            return
+        for p, result in zip(group, results, strict=True):
+            _settle(p.future, result, None)
+
+
+def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

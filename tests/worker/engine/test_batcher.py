@@ -1,0 +1,120 @@
+"""The dynamic batcher: full batches, bounded waits, no wait when nothing else is coming."""
+
+import asyncio
+import time
+
+import pytest
+
+from services.worker.engine.batcher import Batcher
+
+
+class Recorder:
+    def __init__(self, delay=0.0, fail_on=None):
+        self.batches = []
+        self.delay = delay
+        self.fail_on = fail_on
+
+    async def __call__(self, group):
+        self.batches.append([p.item for p in group])
+        await asyncio.sleep(self.delay)
+        for p in group:
+            if self.fail_on is not None and self.fail_on in [q.item for q in group]:
+                p.future.set_exception(RuntimeError("batch failed"))
+            else:
+                p.future.set_result(p.item * 10)
+
+
+def test_a_lone_item_runs_at_once_when_nothing_else_is_expected():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_s=5.0)
+        t0 = time.monotonic()
+        assert await b.submit(1, "k") == 10
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 1.0  # far below max_wait
+    assert rec.batches == [[1]]
+
+
+def test_expected_items_are_waited_for_and_batched():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_s=5.0)
+        b.expected = 3
+        futures = []
+        for i in range(4):
+            if i:
+                b.expected -= 1
+            futures.append(b.submit(i, "k"))
+            await asyncio.sleep(0.01)
+        return await asyncio.gather(*futures)
+
+    assert asyncio.run(main()) == [0, 10, 20, 30]
+    assert rec.batches == [[0, 1, 2, 3]]
+
+
+def test_wait_is_bounded_by_max_wait():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_s=0.05)
+        b.expected = 5  # announced but never submitted
+        t0 = time.monotonic()
+        await b.submit(1, "k")
+        return time.monotonic() - t0
+
+    waited = asyncio.run(main())
+    assert 0.04 <= waited < 1.0
+    assert rec.batches == [[1]]
+
+
+def test_batches_are_capped_at_max_batch_and_grouped_by_key():
+    rec = Recorder(delay=0.05)
+
+    async def main():
+        b = Batcher(rec, max_batch=3, max_wait_s=0.01, max_running=1)
+        b.expected = 100
+        items = [(i, "a" if i % 2 else "b") for i in range(8)]
+        futures = [b.submit(i, k) for i, k in items]
+        b.expected = 0
+        b.pump()
+        return await asyncio.gather(*futures)
+
+    assert asyncio.run(main()) == [i * 10 for i in range(8)]
+    assert all(len(batch) <= 3 for batch in rec.batches)
+    for batch in rec.batches:
+        assert len({i % 2 for i in batch}) == 1  # one key per batch
+    assert sorted(i for batch in rec.batches for i in batch) == list(range(8))
+
+
+def test_a_failing_batch_fails_its_own_items_and_the_batcher_goes_on():
+    rec = Recorder(fail_on=2)
+
+    async def main():
+        b = Batcher(rec, max_batch=2, max_wait_s=0.01, max_running=1)
+        b.expected = 1
+        first = [b.submit(1, "k")]
+        b.expected = 0
+        first.append(b.submit(2, "k"))
+        results = await asyncio.gather(*first, return_exceptions=True)
+        later = await b.submit(3, "k")
+        return results, later
+
+    results, later = asyncio.run(main())
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert later == 30
+
+
+def test_a_runner_that_raises_still_settles_its_items():
+    async def broken(group):
+        raise RuntimeError("runner bug")
+
+    async def main():
+        b = Batcher(broken, max_batch=4, max_wait_s=0.01)
+        with pytest.raises(RuntimeError, match="runner bug"):
+            await b.submit(1, "k")
+        return b.running
+
+    assert asyncio.run(main()) == 0
