@@ -47,7 +47,9 @@ def read_flag(flag: torch.Tensor, model: str, reason: str) -> bool:
 def count(model: str, reason: str | None = None) -> int:
     """Syncs so far for `model` (one reason, or all of them)."""
     with _lock:
-        return sum(n for (m, r), n in _counts.items() if m == model and reason in (None, r))
+        return sum(
+            n for (m, r), n in _counts.items() if m == model and (reason is None or r == reason)
+        )
 
 
 def pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
