@@ -34,8 +34,8 @@ class Settings(BaseSettings):
     # Workers
     cpu_workers: int = Field(1, ge=0)
     # Sub-requests one worker process holds at once (Celery threads, prefetch 1 each); unset, it
-    # is the largest max_batch among the models it serves, so a full batch can form while the
-    # rest of the backlog stays in the queue, visible to autoscaling.
+    # is twice the largest max_batch among the models it serves (a batch on the device, the
+    # next one filling up), while the rest of the backlog stays in the queue for other workers.
     worker_concurrency: int | None = Field(None, ge=1)
     batching: bool = True  # off: every sub-request runs as a batch of one (benchmarks)
     worker_models: str = ""  # comma-separated; empty serves every model in the registry

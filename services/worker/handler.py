@@ -85,7 +85,7 @@ async def _handle(rt: WorkerRuntime, sub: SubRequest, arrival: Arrival) -> str:
             log.exception("sub-request %s failed", sub.member)
             result.error = JobError(code=ModelError.code, message=f"{type(exc).__name__}: {exc}")
             outcome = "failed"
-        metrics.PHASE_SECONDS.labels(sub.model, "run").observe(time.perf_counter() - t0)
+        metrics.PHASE_SECONDS.labels(sub.model, "subrequest").observe(time.perf_counter() - t0)
         result.finished_at = time.time()
         written = await store.store_result(sub.job_id, result, blob)
         if written != 1:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from services.worker.devices import visible_gpus
 from shared.names import queue_for
-from shared.registry import load_registry
+from shared.registry import ModelRegistry, load_registry
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("fibermill.launcher")
@@ -40,6 +40,11 @@ def plan(settings: Settings) -> list[Slot]:
     return [Slot(i, "cpu", "") for i in range(settings.cpu_workers)]
 
 
+def default_concurrency(registry: ModelRegistry, models: list[str]) -> int:
+    """Sub-requests a worker holds: a batch on the device and the next one filling up."""
+    return 2 * max(registry.get(m).max_batch for m in models)
+
+
 def command(settings: Settings, slot: Slot, name: str) -> list[str]:
     registry = load_registry(settings.model_registry)
     models = settings.served_models or list(registry.models)
@@ -53,7 +58,7 @@ def command(settings: Settings, slot: Slot, name: str) -> list[str]:
         "-P",
         "threads",
         "-c",
-        str(settings.worker_concurrency or max(registry.get(m).max_batch for m in models)),
+        str(settings.worker_concurrency or default_concurrency(registry, models)),
         "-Q",
         ",".join(queue_for(m) for m in models),
         "-n",

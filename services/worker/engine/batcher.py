@@ -1,13 +1,13 @@
 """The dynamic batcher: groups compatible sub-requests into batches for one model.
 
 Items with the same batch key (same shape bucket: size and steps for images) are batched up to
-`max_batch`. A group is dispatched at once when it is full or when nothing else is on its way
-to the batcher (`expected`: sub-requests this worker has taken from the queue but not yet
-submitted); otherwise it waits for them at most `max_wait` after its oldest item arrived. So an
-idle engine never waits when nothing else is queued, and a burst is caught whole.
-
-At most `max_running` batches are in the pipeline at once: one on the device while the next
-one's CPU phases (tokenising, noise) run beside it. Everything here runs on the event loop.
+`max_batch`. A full group is dispatched at once, up to `max_running` batches in the pipeline
+(one on the device while the next one's CPU phases run beside it). A partial group is
+dispatched only when no batch is running, and then at once when nothing else is on its way to
+the batcher (`expected`: sub-requests this worker has taken from the queue but not yet
+submitted), else after at most `max_wait` from its oldest item's arrival. So an idle engine
+never waits when nothing else is queued, a busy one lets the next batch fill up while the
+device works, and a burst is caught whole. Everything here runs on the event loop.
 """
 
 import asyncio
@@ -63,9 +63,12 @@ class Batcher:
             oldest = self.pending[0]
             group = [p for p in self.pending if p.key == oldest.key][: self.max_batch]
             wait = oldest.arrived + self.max_wait_s - time.monotonic()
-            if len(group) < self.max_batch and self.expected > 0 and wait > 0:
-                self._timer = asyncio.get_running_loop().call_later(wait, self.pump)
-                return
+            if len(group) < self.max_batch:
+                if self.running:
+                    return  # grows while the device works; pumped again when a batch ends
+                if self.expected > 0 and wait > 0:
+                    self._timer = asyncio.get_running_loop().call_later(wait, self.pump)
+                    return
             for p in group:
                 self.pending.remove(p)
             self.running += 1

@@ -118,3 +118,35 @@ def test_a_runner_that_raises_still_settles_its_items():
         return b.running
 
     assert asyncio.run(main()) == 0
+
+
+def test_a_partial_group_fills_up_while_a_batch_runs():
+    rec = Recorder(delay=0.1)
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_s=0.001)
+        first = b.submit(0, "k")  # idle engine, nothing expected: runs at once, alone
+        await asyncio.sleep(0.01)
+        later = [b.submit(i, "k") for i in range(1, 5)]  # arrive while it runs
+        await asyncio.sleep(0.03)
+        assert b.running == 1  # not dispatched as batches of one beside the running batch
+        return await asyncio.gather(first, *later)
+
+    assert asyncio.run(main()) == [0, 10, 20, 30, 40]
+    assert rec.batches == [[0], [1, 2, 3, 4]]
+
+
+def test_full_groups_run_beside_a_running_batch():
+    rec = Recorder(delay=0.1)
+
+    async def main():
+        b = Batcher(rec, max_batch=2, max_wait_s=0.001, max_running=2)
+        futures = [b.submit(0, "k")]
+        await asyncio.sleep(0.01)
+        futures += [b.submit(1, "k"), b.submit(2, "k")]  # a full group: second slot
+        await asyncio.sleep(0.01)
+        assert b.running == 2
+        return await asyncio.gather(*futures)
+
+    assert asyncio.run(main()) == [0, 10, 20]
+    assert rec.batches == [[0], [1, 2]]
