@@ -20,6 +20,7 @@ from services.api.lifecycle import Lifecycle
 from services.api.notify import Notifier
 from services.api.ratelimit import RateLimiter
 from services.api.routes import health, jobs, models, ui
+from services.api.routes import metrics as metrics_route
 from services.api.webhooks.outbox import Outbox
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
@@ -68,6 +69,7 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(models.router)
     app.include_router(health.router)
+    app.include_router(metrics_route.router)
     app.include_router(ui.router)
     return app
 

@@ -156,7 +156,7 @@ def image_body() -> dict:
                       "seed": 1}}
 
 
-def run(n: int = 32, steady_jobs: int = 200) -> dict:
+def run(n: int = 32, steady_jobs: int = 600) -> dict:
     from shared.subrequest import ImageItem, TextItem
 
     cases = {
