@@ -1,0 +1,22 @@
+"""Fixtures of the deployment tests: the rendered kustomize base and example overlay."""
+
+import pytest
+
+from tests.deploy import k8s
+from tests.deploy.kustomize import render
+
+
+@pytest.fixture(scope="session")
+def base() -> list[dict]:
+    return render(k8s.BASE)
+
+
+@pytest.fixture(scope="session")
+def overlay() -> list[dict]:
+    return render(k8s.OVERLAY)
+
+
+@pytest.fixture(scope="session", params=["base", "overlay"])
+def rendered(request) -> list[dict]:
+    """Each rendering in turn: what holds for the base must hold for the overlay."""
+    return render(k8s.BASE if request.param == "base" else k8s.OVERLAY)
