@@ -22,13 +22,20 @@ models: install
 run: models
 	$(BIN)/python -m services.devstack.run
 
-# The browser tests drive Debian's chromium (no browser download works offline).
+# The browser tests drive Debian's chromium (no browser download works offline); the metrics
+# tests run promtool.
 system-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing chromium (Debian package) for the browser tests"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is missing: install Debian's chromium package (sudo apt-get install chromium)"; exit 1; fi; }
+# promtool (Debian's prometheus package) lints the API's and workers' /metrics pages.
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing prometheus (Debian package, for promtool) for the metrics tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "promtool is missing: install Debian's prometheus package (sudo apt-get install prometheus)"; exit 1; fi; }
 
 test: install system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -82,9 +82,13 @@ class JobStore:
         }
         # The job and its "being dispatched" mark are written together: if this process dies
         # before every sub-request is on the queue, the janitor finds the mark and re-sends.
+        # Its sub-requests join the model's backlog in the same step, before any is sent, so
+        # a result stored at once by a fast worker can never precede (and outlive) the add.
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(names.job_key(job_id), mapping=mapping)
             pipe.zadd(names.DISPATCHING, {job_id: now})
+            if total:
+                pipe.zadd(names.backlog_key(model), {f"{job_id}:{i}": now for i in range(total)})
             if meta.deadline_seconds is not None:
                 pipe.zadd(names.DEADLINES, {job_id: now + meta.deadline_seconds})
             index = names.jobs_index_key(meta.owner)
@@ -171,6 +175,7 @@ class JobStore:
                 names.attempts_key(job_id),
                 names.webhooks_key(job_id),
                 names.COMPLETIONS_STREAM,
+                await self._backlog_key(job_id),
             ],
             args=[
                 status.value,
@@ -215,6 +220,7 @@ class JobStore:
                 names.COMPLETIONS_STREAM,
                 names.LEASES,
                 names.LEASE_OWNERS,
+                await self._backlog_key(job_id),
             ],
             args=[
                 result.index,
@@ -227,6 +233,18 @@ class JobStore:
                 result.worker,
             ],
         )
+
+    async def _backlog_key(self, job_id: str) -> str:
+        """The backlog of the job's model. A job's model never changes, so reading it before
+        the script that uses the key is safe; a job that is gone names no model, and the
+        scripts return before touching the key."""
+        model = await self.redis.hget(names.job_key(job_id), "model")
+        return names.backlog_key(model.decode() if model else "")
+
+    async def backlog(self, model: str) -> int:
+        """Sub-requests of the model sent (or about to be) and not finished: queued,
+        prefetched by a worker, or running."""
+        return await self.redis.zcard(names.backlog_key(model))
 
     async def results(self, job_id: str) -> dict[int, SubResult]:
         raw = await self.redis.hgetall(names.results_key(job_id))

@@ -29,11 +29,13 @@ return {0, cur}
 """
 )
 
-# KEYS: job, results, blobs, attempts, webhooks, completion stream.
+# KEYS: job, results, blobs, attempts, webhooks, completion stream, the model's backlog.
 # ARGV: status, output json, error json ('' for none), completed_at, ttl seconds, job id, stream
 # maxlen. Returns 1 when the job became final, 0 if it already was, -1 if gone. The `final`
 # stream entry is written in the same step, so whatever must follow a final state (the
 # `completed` webhook) is done by some API replica even if the one that finalized dies.
+# Every sub-request of the job leaves the backlog in the same step: a final job has none
+# outstanding, whatever its workers still do.
 FINALIZE = (
     _FINAL
     + """
@@ -44,15 +46,26 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at'
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[3]) end
 for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'job', ARGV[6], 'kind', 'final')
+local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0') or 0
+local members = {}
+for i = 0, total - 1 do
+  members[#members + 1] = ARGV[6] .. ':' .. i
+  if #members == 256 then  -- unpack() has a stack limit: remove in chunks
+    redis.call('ZREM', KEYS[7], unpack(members))
+    members = {}
+  end
+end
+if #members > 0 then redis.call('ZREM', KEYS[7], unpack(members)) end
 return 1
 """
 )
 
-# KEYS: job, results, blobs, stream, leases, owners.
+# KEYS: job, results, blobs, stream, leases, owners, the model's backlog.
 # ARGV: index, result json, blob ('' for none), job id, ok flag, stream maxlen, lease member,
 # worker.
 # Writes a sub-result once per (job, index) and announces it on the completion stream in the
-# same step, so a duplicate delivery can neither change the result nor count twice.
+# same step, so a duplicate delivery can neither change the result nor count twice. The
+# sub-request leaves the model's backlog in the same step.
 # Returns 1 when written, 0 for a duplicate, -1 when the job is gone, -2 when it is final.
 STORE_RESULT = (
     _FINAL
@@ -63,6 +76,7 @@ if redis.call('HGET', KEYS[6], ARGV[7]) == ARGV[8] then
   redis.call('HDEL', KEYS[6], ARGV[7])
 end
 if not st then return -1 end
+redis.call('ZREM', KEYS[7], ARGV[7])
 if is_final(st) then return -2 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[3]) end

@@ -19,6 +19,12 @@ def queue_for(model: str) -> str:
     return f"fibermill.{model}"
 
 
+def backlog_key(model: str) -> str:
+    """A model's outstanding sub-requests ("jobid:index" -> time stored): queued, prefetched
+    or running, not yet finished. Its ZCARD is the backlog the workers are scaled on."""
+    return f"{PREFIX}:backlog:{model}"
+
+
 def job_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}"
 

@@ -41,11 +41,23 @@ class Settings(BaseSettings):
     worker_models: str = ""  # comma-separated; empty serves every model in the registry
     worker_heartbeat_ttl_seconds: float = Field(15.0, gt=0)
     worker_metrics_port: int = 9100
+    # Graceful drain at SIGTERM: a worker stops taking sub-requests and finishes the ones it
+    # holds; past this many seconds it stops them and hands them back to their queue.
+    # Size it above the longest sub-request (twice: a worker holds a running batch and the
+    # next one), and terminationGracePeriodSeconds above it plus ~15 s (see README).
+    drain_seconds: float = Field(20.0, ge=0)
     device: str = ""  # set by the launcher: "cuda" or "cpu"
     device_index: int = 0
     worker_name: str = ""
 
     public_url: str = ""  # base for output URLs; empty gives relative URLs
+
+    # API process (services/api/serve.py): at SIGTERM /readyz answers 503 at once and the
+    # API keeps serving this long, so load balancers stop sending before the socket closes.
+    api_drain_seconds: float = Field(5.0, ge=0)
+    # /readyz needs a live worker; false (scale-to-zero workers, e.g. KEDA minReplicaCount 0)
+    # needs only Redis, else no job would ever reach the queue that scales workers up.
+    ready_requires_workers: bool = True
 
     # Access and limits
     api_keys: str = ""  # comma-separated; empty leaves the API open

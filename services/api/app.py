@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from services.api import errors
 from services.api.body_limit import BodyLimitMiddleware
 from services.api.dispatch import Dispatcher
+from services.api.http_metrics import HttpMetricsMiddleware
 from services.api.janitor import Janitor
 from services.api.joiner import Joiner
 from services.api.lifecycle import Lifecycle
@@ -65,6 +66,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app() -> FastAPI:
     app = FastAPI(title="Fibermill", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_body_bytes)
+    app.add_middleware(HttpMetricsMiddleware)  # outermost: counts 413s and 500s too
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(models.router)

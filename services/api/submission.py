@@ -80,8 +80,10 @@ async def submit(
         if idempotency_key is not None:
             await idempotency.release(redis, principal.key_id, idempotency_key)
         raise
+    # Counted once the job exists (it will reach a final status and be counted finished, even
+    # if sending fails below): an Idempotency-Key replay above is not a new job.
+    metrics.JOBS_SUBMITTED.labels(req.task, req.model).inc()
     # From here the job exists: if sending fails half-way, the janitor finishes dispatching.
     await dispatcher.send(subs, req.priority)
     await store.mark_dispatched(job_id)
-    metrics.JOBS_SUBMITTED.labels(req.task, req.model).inc()
     return Submitted(rec, created=True)

@@ -12,9 +12,12 @@ from collections.abc import Mapping
 
 def start_api(port: int, env: Mapping[str, str], host: str = "127.0.0.1",
               **popen) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "uvicorn", "services.api.app:app", "--host", host,
+    """The API through services.api.serve (uvicorn with a drain at SIGTERM). A local stack
+    has no load balancer to drain, so FIBERMILL_API_DRAIN_SECONDS defaults to 0 here."""
+    cmd = [sys.executable, "-m", "services.api.serve", "--host", host,
            "--port", str(port), "--log-level", "warning", "--timeout-graceful-shutdown", "10"]
-    return subprocess.Popen(cmd, env={**os.environ, **env}, **popen)
+    return subprocess.Popen(cmd, env={"FIBERMILL_API_DRAIN_SECONDS": "0", **os.environ, **env},
+                            **popen)
 
 
 def start_workers(env: Mapping[str, str], **popen) -> subprocess.Popen:

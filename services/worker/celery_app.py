@@ -2,6 +2,11 @@
 
 Run with the thread pool (`-P threads`): several sub-requests can be in flight in one process
 (the engine batches them), and nothing forks after CUDA is initialised.
+
+Shutdown (SIGTERM, warm): Celery stops consuming, then waits for the running tasks (the
+thread pool's join) and only then sends `worker_shutdown`, which stops the runtime; messages
+taken but not acknowledged go back to the queue when the channel closes. `worker_shutting_down`
+(sent from the signal handler) arms the drain deadline (services/worker/drain.py).
 """
 
 import logging
@@ -28,6 +33,7 @@ def _load(**_) -> None:
     settings = get_settings()
     try:
         _runtime = WorkerRuntime(settings, load_registry(settings.model_registry))
+        _runtime.celery = app  # hands sub-requests back to their queue when draining
         _runtime.start()
     except Exception:
         # Celery would log this and go on consuming with no models; a worker that cannot
@@ -37,6 +43,12 @@ def _load(**_) -> None:
     from services.worker.metrics_server import serve_metrics
 
     serve_metrics(settings.worker_metrics_port + settings.device_index)
+
+
+@signals.worker_shutting_down.connect
+def _drain(**_) -> None:
+    if _runtime is not None:
+        _runtime.begin_drain()
 
 
 @signals.worker_shutdown.connect

@@ -4,6 +4,7 @@ import logging
 import time
 
 from services.worker import metrics
+from services.worker.drain import hand_back
 from services.worker.engine.engine import Arrival
 from services.worker.pipelines.base import ImageResult, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
@@ -58,6 +59,8 @@ async def _handle(rt: WorkerRuntime, sub: SubRequest, arrival: Arrival) -> str:
 
     flight = InFlight(sub, time.time() + settings.subrequest_time_limit_seconds)
     rt.in_flight[sub.member] = flight
+    if rt.drain_expired:  # taken after the drain deadline: straight back to the queue
+        flight.request_stop("drain")
     metrics.IN_FLIGHT.set(len(rt.in_flight))
     try:
         result = SubResult(index=sub.index, worker=rt.id, started_at=flight.started)
@@ -75,6 +78,13 @@ async def _handle(rt: WorkerRuntime, sub: SubRequest, arrival: Arrival) -> str:
                 # The job is already final: nothing to store, the lease is released below.
                 metrics.SUBREQUESTS.labels(sub.model, "canceled").inc()
                 return "canceled"
+            if flight.stop_reason == "drain":
+                # The worker is shutting down: back to the queue for another worker, the
+                # attempt given back (services/worker/drain.py). The release below is a no-op.
+                how = await hand_back(rt, sub)
+                log.info("handed %s back (%s)", sub.member, how)
+                metrics.SUBREQUESTS.labels(sub.model, "handed_back").inc()
+                return "handed_back"
             limit = settings.subrequest_time_limit_seconds
             result.error = JobError(
                 code=TimeLimitExceeded.code,

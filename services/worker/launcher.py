@@ -2,8 +2,12 @@
 FIBERMILL_CPU_WORKERS processes where there is none, and keep them running.
 
 Each child is a fresh interpreter (never a fork), so CUDA is initialised only in the process
-that uses it. A child that dies is restarted; SIGTERM/SIGINT are passed on to every child,
-which then finish what they hold (Celery's warm shutdown) before the launcher exits.
+that uses it. A child that dies is restarted; SIGTERM/SIGINT are passed on to every child (as
+SIGTERM), which then drain: finish what they hold (Celery's warm shutdown), and past
+FIBERMILL_DRAIN_SECONDS hand the rest back to the queue (services/worker/drain.py). The
+launcher waits for them, and kills a child still there `KILL_MARGIN_SECONDS` after its drain
+should have ended, so it always exits within the pod's grace period if that is sized as the
+README says.
 """
 
 import logging
@@ -16,12 +20,15 @@ import time
 from dataclasses import dataclass
 
 from services.worker.devices import visible_gpus
+from services.worker.drain import DRAIN_STOP_GRACE_SECONDS
 from shared.names import queue_for
 from shared.registry import ModelRegistry, load_registry
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("fibermill.launcher")
 RESTART_BACKOFF_SECONDS = (1, 2, 5, 10, 30)
+# Past the drain and its stop grace: time for a child to withdraw and exit before it is killed.
+KILL_MARGIN_SECONDS = 10.0
 
 
 @dataclass
@@ -130,10 +137,26 @@ def main() -> int:
             s.restarts += 1
             if not stopping:
                 start(settings, s, len(slots))
-    for s in slots:
-        if s.proc:
-            s.proc.wait()
+    # Again, for a child started while the signal arrived (Celery ignores a second SIGTERM).
+    stop(signal.SIGTERM, None)
+    wait_children(slots, settings.drain_seconds + DRAIN_STOP_GRACE_SECONDS + KILL_MARGIN_SECONDS)
     return 0
+
+
+def wait_children(slots: list[Slot], timeout: float) -> None:
+    """Wait for every child to exit; SIGKILL the ones still running after `timeout` seconds
+    (their leases expire and the janitor re-sends what they held)."""
+    deadline = time.monotonic() + timeout
+    for s in slots:
+        if s.proc is None:
+            continue
+        try:
+            s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.error("worker slot %d (pid %d) still running %.0fs after SIGTERM; killing it",
+                      s.index, s.proc.pid, timeout)
+            s.proc.kill()
+            s.proc.wait()
 
 
 if __name__ == "__main__":

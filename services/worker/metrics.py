@@ -1,10 +1,12 @@
-"""The worker's own Prometheus metrics, served on FIBERMILL_WORKER_METRICS_PORT + device index."""
+"""The worker's own Prometheus metrics, served on FIBERMILL_WORKER_METRICS_PORT + device index
+(metrics_server.py), beside the device memory gauges read at scrape time (device_metrics.py)."""
 
 from prometheus_client import Counter, Gauge, Histogram
 
 SUBREQUESTS = Counter(
     "fibermill_worker_subrequests",
-    "Sub-requests handled by this worker, by outcome",
+    "Sub-requests handled by this worker, by outcome (succeeded, failed, time_limit, canceled, "
+    "handed_back at a drain deadline, duplicate, or the lease outcome that skipped it)",
     ["model", "outcome"],
 )
 PHASE_SECONDS = Histogram(
@@ -19,7 +21,8 @@ MODEL_LOAD_SECONDS = Gauge(
 IN_FLIGHT = Gauge("fibermill_worker_in_flight", "Sub-requests this worker holds right now")
 STEPS_AFTER_STOP = Histogram(
     "fibermill_steps_after_stop",
-    "Denoise or decode steps a sub-request ran after it was asked to stop (cancel, time limit)",
+    "Denoise or decode steps a sub-request ran after it was asked to stop (cancel, time limit, "
+    "drain)",
     ["model"],
     buckets=(0, 1, 2, 3, 5, 10, 20, 50),
 )

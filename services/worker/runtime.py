@@ -7,6 +7,7 @@ however many sub-requests are in flight.
 """
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -42,7 +43,7 @@ class InFlight:
         self.started = time.time()
         self.deadline = deadline
         self.stop = threading.Event()
-        self.stop_reason: str | None = None  # "canceled" or "time_limit"
+        self.stop_reason: str | None = None  # "canceled", "time_limit" or "drain"
         self.steps = 0  # step boundaries passed so far (denoise or decode steps)
         self.stop_requested_at_step: int | None = None
 
@@ -73,6 +74,9 @@ class WorkerRuntime:
         self.redis: aioredis.Redis | None = None
         self.store: JobStore | None = None
         self._background: list[asyncio.Task] = []
+        self.celery = None  # the worker's Celery app (set by celery_app): drain hand-backs
+        self.draining = False  # SIGTERM seen: finishing what it holds (services/worker/drain.py)
+        self.drain_expired = False  # past FIBERMILL_DRAIN_SECONDS: handing back what is left
 
     @property
     def queues(self) -> list[str]:
@@ -132,6 +136,23 @@ class WorkerRuntime:
             except Exception:  # Redis may already be gone; the heartbeat key expires anyway
                 log.warning("could not withdraw worker %s from Redis", self.id)
             await self.redis.aclose()
+
+    def begin_drain(self) -> None:
+        """SIGTERM (Celery's warm shutdown): arm the drain deadline. Called from a signal
+        handler in the main thread, so it only sets flags and wakes the loop."""
+        if self.draining or not self._thread.is_alive():
+            return
+        self.draining = True
+        deadline = time.monotonic() + self.settings.drain_seconds
+        with contextlib.suppress(RuntimeError):  # a closed loop has nothing left to drain
+            self.loop.call_soon_threadsafe(self._start_drain_watch, deadline)
+
+    def _start_drain_watch(self, deadline: float) -> None:
+        from services.worker.drain import drain_watch
+
+        log.warning("draining: finishing %d sub-request(s), handing back what is left in %.0fs",
+                    len(self.in_flight), self.settings.drain_seconds)
+        self._background.append(asyncio.create_task(drain_watch(self, deadline)))
 
     def call(self, coro):
         """Run a coroutine on the runtime loop from another thread and wait for its result."""

@@ -51,7 +51,9 @@ async def test_full_queue_is_503_and_nothing_is_stored_or_enqueued(client, aredi
     assert client.post("/v1/jobs", json=_text(1, priority=0)).status_code == 202
     assert client.post("/v1/jobs", json=_text(1)).status_code == 503
     assert await queue_depth(aredis, "tiny-gpt2") == 3 and _stored_jobs(redis_url) == 2
-    assert 'fibermill_queue_depth{model="tiny-gpt2"} 3.0' in client.get("/metrics").text
+    page = client.get("/metrics").text  # per priority list: 2 at priority 9, 1 at 0
+    assert 'fibermill_queue_depth{model="tiny-gpt2",priority="9"} 2.0' in page
+    assert 'fibermill_queue_depth{model="tiny-gpt2",priority="0"} 1.0' in page
     # Other models have queues and limits of their own.
     digits = {"task": "image-generation", "model": "digits", "input": {"prompts": ["7"]}}
     assert client.post("/v1/jobs", json=digits).status_code == 202

@@ -15,14 +15,16 @@ from tests.deploy.k8s import api, redis, registry, setting, worker
 from tests.deploy.kustomize import key
 
 API_MODULE, API_ATTR = "services.api.app", "app"
+API_SERVE = ["python", "-m", "services.api.serve"]
 WORKER_MODULE = "services.worker.launcher"
 SECRET_KEYS = {"FIBERMILL_API_KEYS", "FIBERMILL_WEBHOOK_SECRET", "REDIS_PASSWORD"}
 
 
-def uvicorn_args(command: list[str]) -> dict:
-    assert command[0] == "uvicorn", command
-    args = {"target": command[1]}
-    rest = command[2:]
+def serve_args(command: list[str]) -> dict:
+    """The flags of `python -m services.api.serve` (uvicorn with a drain on SIGTERM)."""
+    assert command[:3] == API_SERVE, command
+    args = {}
+    rest = command[3:]
     for flag, value in zip(rest[::2], rest[1::2], strict=True):
         args[flag.lstrip("-")] = value
     return args
@@ -33,10 +35,11 @@ def uvicorn_args(command: list[str]) -> dict:
 
 def test_api_command_runs_the_app(rendered):
     container = k8s.main_container(api(rendered))
-    args = uvicorn_args(container["command"])
-    module, attr = args["target"].split(":")
-    assert (module, attr) == (API_MODULE, API_ATTR)
-    assert facts.defines_top_level(facts.module_file(module), attr)
+    args = serve_args(container["command"])
+    assert facts.is_runnable(facts.module_file(API_SERVE[2]))
+    # serve runs this app
+    assert f"from {API_MODULE} import {API_ATTR}" in facts.module_file(API_SERVE[2]).read_text()
+    assert facts.defines_top_level(facts.module_file(API_MODULE), API_ATTR)
     assert args["host"] == "0.0.0.0"
     assert k8s.container_port(container, "http") == int(args["port"]) == 8000
 
@@ -49,7 +52,7 @@ def test_worker_command_runs_the_launcher(rendered):
 
 def test_api_probes_hit_real_routes_on_the_served_port(rendered):
     container = k8s.main_container(api(rendered))
-    port = int(uvicorn_args(container["command"])["port"])
+    port = int(serve_args(container["command"])["port"])
     routes = api_routes()
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -307,13 +310,25 @@ def sleep_seconds(hook: dict) -> int:
 
 
 def test_worker_drains_within_the_grace_period(rendered):
-    """preStop, then SIGTERM: Celery's warm shutdown finishes what the worker holds, which may
-    take the sub-request time limit plus the 30 s the worker gives a stuck sub-request."""
+    """preStop, then SIGTERM: the worker finishes what it holds for FIBERMILL_DRAIN_SECONDS (at
+    least the longest sub-request), hands back the rest, and is killed by the launcher 15 s
+    after that at the latest: all before Kubernetes' SIGKILL."""
     w = worker(rendered)
     container = k8s.main_container(w)
     time_limit = setting(rendered, container, "subrequest_time_limit_seconds")
+    drain = setting(rendered, container, "drain_seconds")
     grace = k8s.pod_spec(w)["terminationGracePeriodSeconds"]
-    assert grace > time_limit + 30 + sleep_seconds(container["lifecycle"])
+    assert drain >= time_limit
+    assert grace > sleep_seconds(container["lifecycle"]) + drain + 15
+
+
+def test_api_drains_within_the_grace_period(rendered):
+    w = api(rendered)
+    container = k8s.main_container(w)
+    drain = setting(rendered, container, "api_drain_seconds")
+    longest_request = setting(rendered, container, "max_wait_seconds") + 5
+    grace = k8s.pod_spec(w)["terminationGracePeriodSeconds"]
+    assert grace > sleep_seconds(container["lifecycle"]) + drain + longest_request
 
 
 def test_api_has_a_prestop_and_survives_disruptions(rendered):

@@ -3,6 +3,7 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from shared.settings import get_settings
 from shared.workers import live_workers
 
 router = APIRouter(tags=["health"])
@@ -15,12 +16,18 @@ async def healthz() -> dict:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
+    """200 when this replica should get traffic: not draining (SIGTERM seen, see
+    services/api/serve.py), Redis answers, and a worker is live unless
+    FIBERMILL_READY_REQUIRES_WORKERS is off (workers that scale to zero)."""
+    if getattr(request.app.state, "draining", False):
+        return JSONResponse({"status": "draining", "reason": "shutting down"}, status_code=503)
     redis = request.app.state.redis
     try:
         await redis.ping()
         workers = await live_workers(redis)
     except Exception as exc:  # any failure to reach Redis means not ready
         return JSONResponse({"status": "unready", "reason": f"redis: {exc}"}, status_code=503)
-    if not workers:
-        return JSONResponse({"status": "unready", "reason": "no live worker"}, status_code=503)
+    if not workers and get_settings().ready_requires_workers:
+        return JSONResponse({"status": "unready", "reason": "no live worker", "workers": 0},
+                            status_code=503)
     return JSONResponse({"status": "ready", "workers": len(workers)})

@@ -7,3 +7,6 @@ from prometheus_client import Counter
 DELIVERIES = Counter(
     "fibermill_webhook_deliveries", "Webhook delivery outcomes", ["outcome"]
 )
+OUTCOMES = ("delivered", "retrying", "failed", "dropped")
+for _outcome in OUTCOMES:  # exported at 0 from the start, so rate() and alerts see them
+    DELIVERIES.labels(outcome=_outcome)

@@ -1,0 +1,96 @@
+"""Run the API under uvicorn with a graceful drain: `python -m services.api.serve`.
+
+uvicorn closes its listening socket the moment SIGTERM arrives, while a load balancer (or a
+Kubernetes Service) may go on sending new connections to the pod for a few seconds. So here,
+at SIGTERM:
+
+1. `/readyz` answers 503 at once (`app.state.draining`); everything else is served as before.
+2. After `FIBERMILL_API_DRAIN_SECONDS`, uvicorn's own graceful shutdown starts: the socket
+   closes, idle keep-alive connections close, SSE streams (`/v1/jobs/{id}/events`) end (a
+   client's EventSource reconnects to another replica), and requests in flight, `Prefer:
+   wait` ones included, run to their end, for at most `--timeout-graceful-shutdown` seconds
+   (default: `FIBERMILL_MAX_WAIT_SECONDS` + 5, so a wait that started before it always ends).
+3. The lifespan shutdown stops the joiner, janitor and webhook sender, and the process exits 0.
+
+A second SIGTERM skips what is left of the drain delay; one during the shutdown stops waiting
+for connections. SIGINT (Ctrl-C) skips the delay. Size the pod's terminationGracePeriodSeconds
+above `FIBERMILL_API_DRAIN_SECONDS` + the graceful-shutdown timeout.
+"""
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from shared.settings import get_settings
+
+log = logging.getLogger("uvicorn.error")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_seconds: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.drain_seconds = drain_seconds
+        self.drain_started: float | None = None
+        app.state.draining = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Runs in a signal handler: only flags, read by the loop's next tick. uvicorn's own
+        # handler would also remember the signal and raise it again after shutdown (an exit
+        # by SIGTERM); a drained API exits 0 instead.
+        self.app.state.draining = True
+        if self.should_exit:
+            self.force_exit = True  # a signal during the shutdown: stop waiting for requests
+        elif sig == signal.SIGTERM and self.drain_started is None and self.drain_seconds > 0:
+            self.drain_started = time.monotonic()
+            log.warning("SIGTERM: /readyz answers 503; shutting down in %.1fs",
+                        self.drain_seconds)
+        else:
+            self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if (self.drain_started is not None and not self.should_exit
+                and time.monotonic() - self.drain_started >= self.drain_seconds):
+            log.warning("drain delay over: closing the socket, finishing requests in flight")
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m services.api.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--timeout-graceful-shutdown", type=float, default=None,
+                   help="seconds requests in flight get once the socket is closed "
+                        "(default: FIBERMILL_MAX_WAIT_SECONDS + 5)")
+    p.add_argument("--drain-seconds", type=float, default=None,
+                   help="override FIBERMILL_API_DRAIN_SECONDS")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = get_settings()
+    from services.api.app import app
+
+    timeout = args.timeout_graceful_shutdown
+    if timeout is None:
+        timeout = settings.max_wait_seconds + 5
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=max(0.0, timeout))
+    drain = settings.api_drain_seconds if args.drain_seconds is None else args.drain_seconds
+    server = DrainingServer(config, app, drain)
+    server.run()  # exits 3 itself if the app cannot start
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The launcher at SIGTERM: every child gets it, the launcher waits for them to drain, and a
+child still running past its drain (plus grace) is killed, so the launcher always exits."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from services.worker import launcher
+from shared.settings import get_settings
+
+DRAINS = "import signal, sys, time\n" \
+         "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.3), sys.exit(0)))\n" \
+         "time.sleep(60)"
+STUCK = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+
+
+@pytest.fixture
+def settings(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU slots
+    monkeypatch.setenv("FIBERMILL_CPU_WORKERS", "2")
+    monkeypatch.setenv("FIBERMILL_DRAIN_SECONDS", "1")
+    monkeypatch.setattr(launcher, "DRAIN_STOP_GRACE_SECONDS", 0.5)
+    monkeypatch.setattr(launcher, "KILL_MARGIN_SECONDS", 0.5)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def _run_main(monkeypatch, programs: list[str]) -> tuple[int, list[subprocess.Popen], float]:
+    started: list[subprocess.Popen] = []
+
+    def fake_start(_settings, slot, _n):
+        slot.proc = subprocess.Popen([sys.executable, "-c", programs[slot.index]])
+        started.append(slot.proc)
+
+    monkeypatch.setattr(launcher, "start", fake_start)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    # As Kubernetes would SIGTERM the pod's PID 1, once the children run.
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        rc = launcher.main()
+        return rc, started, time.monotonic()
+    finally:
+        timer.cancel()
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_sigterm_is_passed_on_and_waited_for(settings, monkeypatch):
+    t0 = time.monotonic()
+    rc, children, t_end = _run_main(monkeypatch, [DRAINS, DRAINS])
+    assert rc == 0
+    assert [p.returncode for p in children] == [0, 0]  # each drained and exited by itself
+    assert len(children) == 2  # and none was restarted meanwhile
+    assert 1.0 < t_end - t0 < 5
+
+
+def test_a_child_that_will_not_exit_is_killed_after_its_drain(settings, monkeypatch):
+    t0 = time.monotonic()
+    rc, children, t_end = _run_main(monkeypatch, [DRAINS, STUCK])
+    assert rc == 0
+    assert [p.returncode for p in children] == [0, -signal.SIGKILL]
+    # SIGTERM at 1 s, then drain (1) + stop grace (0.5) + margin (0.5) before the kill.
+    assert 2.8 < t_end - t0 < 8
