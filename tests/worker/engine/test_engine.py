@@ -194,7 +194,8 @@ def test_pool_invariants_under_failures_and_cancellations(model_dir):
 
     adhoc = metrics.BUFFER_LEASES.labels("faults-gpt2", "adhoc")
     try:
-        outcomes = run_all(THREADS, jobs)
+        # As many threads as a worker holds (2 x max_batch): a full batch runs beside another.
+        outcomes = run_all(2 * spec.max_batch, jobs)
         in_failed_batch = {p for batch in failed for p in batch}
         for kind, prompt, out in outcomes:
             if prompt in in_failed_batch:
@@ -206,7 +207,8 @@ def test_pool_invariants_under_failures_and_cancellations(model_dir):
                 # ...and every other one succeeds.
                 assert out.finish_reason in ("stop", "length") and out.tokens >= 1, (prompt, out)
         assert failed and sum(isinstance(o, RuntimeError) for _, _, o in outcomes) >= 100
-        assert sum(isinstance(o, PipelineStopped) for _, _, o in outcomes) >= 25
+        # (a cancel in a batch that fails first gets the failure)
+        assert sum(isinstance(o, PipelineStopped) for _, _, o in outcomes) >= 10
         # The books: every pooled set is back, every ad-hoc set freed, the pool did not grow.
         assert pipeline.pool.free_sets == pipeline.pool.pooled_sets == pooled_before
         assert pipeline.pool.adhoc_live == 0
