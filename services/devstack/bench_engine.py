@@ -210,6 +210,13 @@ def report(r: dict) -> list[str]:
         off, on, inproc = r[(name, False)], r[(name, True)], r[(name, "in-process")]
         lines.append(f"| {label} | {off:.1f} | {on:.1f} | {r[(name, True, 'batch')]:.1f} | "
                      f"{on / off:.2f}x | {inproc:.1f} | {on / inproc:.2f}x |")
+    lines += [
+        "",
+        "In-process is the same engine (batcher, operator graph, pools) fed directly: no HTTP,",
+        "Redis or Celery. End to end, the API, Redis, the load generator and the model share",
+        "the machine's cores; with a model this small the per-job cost of the queue path",
+        "(HTTP, Celery publish, leases, results, joining) is what the ratio measures.",
+    ]
     s = r["steady"]
     lines += ["", f"Pools under steady load ({s['jobs']} tiny-gpt2 jobs from {s['clients']} "
               "clients, after warm-up):", "",

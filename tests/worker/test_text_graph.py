@@ -17,6 +17,7 @@ from services.worker.pipelines.text import CausalLMTextPipeline
 from services.worker.pipelines.text_operators import POLL_EVERY
 from shared.registry import ModelKind, ModelSpec
 from shared.subrequest import TextItem
+from tests.worker.text_reference import alone, greedy_ids
 
 MODEL = "tiny-gpt2-graph"  # a name of its own, so no other test moves its counters
 PROMPTS = [
@@ -45,22 +46,6 @@ def pipeline(model_dir: Path) -> CausalLMTextPipeline:
     pipe = CausalLMTextPipeline(spec, torch.device("cpu"))
     pipe.setup()
     return pipe
-
-
-def greedy_ids(pipe: CausalLMTextPipeline, prompt: str, n: int) -> list[int]:
-    """Reference greedy continuation: the full prompt re-run every step, no cache, no padding."""
-    ids = pipe.tokenizer(prompt, return_tensors="pt")["input_ids"]
-    out: list[int] = []
-    with torch.inference_mode():
-        for _ in range(n):
-            token = int(pipe.model(input_ids=ids).logits[0, -1].argmax())
-            out.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=-1)
-    return out
-
-
-def alone(pipe: CausalLMTextPipeline, items: list[TextItem]) -> list:
-    return [pipe.run([item])[0] for item in items]
 
 
 def phase_count(phase: str) -> float:

@@ -161,6 +161,18 @@ class Tokenize(_TextOperator):
                     uniforms[: row.budget, r] = torch.cat(draws)
 
 
+def _forward(p, input_ids, mask, positions, cache):
+    """One KV-cached forward that keeps only the last position's logits."""
+    return p.model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+
+
 class Prefill(_TextOperator):
     """Upload the staged inputs, run the prompt through the model, pick the first tokens."""
 
@@ -185,14 +197,7 @@ class Prefill(_TextOperator):
             # Positions count real tokens only, so a left-padded row sees the positions its
             # prompt alone would; pads get 0, they are masked out anyway.
             positions = (mask[:, : state.width].cumsum(-1) - 1).clamp_(min=0)
-            out = p.model(
-                input_ids=b["ids"][:, : state.width].contiguous(),
-                attention_mask=mask,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            out = _forward(p, b["ids"][:, : state.width].contiguous(), mask, positions, cache)
             state.eos = p.eos_tensor()
             state.finished = torch.zeros(state.capacity, dtype=torch.bool, device=p.device)
             state.note_stops(batch, 0)  # items already asked to stop
@@ -220,14 +225,7 @@ class Decode(_TextOperator):
             for step in range(1, last + 1):
                 batch.check_stops()
                 state.note_stops(batch, step)
-                out = p.model(
-                    input_ids=state.next_ids[:, None],
-                    attention_mask=b["mask"],
-                    position_ids=state.positions,
-                    cache=b["cache"],
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
+                out = _forward(p, state.next_ids[:, None], b["mask"], state.positions, b["cache"])
                 _advance(state, out.logits, step=step, pipeline=p)
                 if (
                     step % POLL_EVERY == 0
