@@ -7,7 +7,7 @@ only delays an event and a client that connects late gets the current state firs
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import redis.asyncio as aioredis
 
@@ -19,17 +19,22 @@ POLL_SECONDS = 1.0
 
 
 async def job_events(
-    redis: aioredis.Redis, store: JobStore, job_id: str, base_url: str
+    redis: aioredis.Redis,
+    store: JobStore,
+    job_id: str,
+    base_url: str,
+    stop: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[tuple[str, dict]]:
     """Yield (event, data) pairs: `status` (the whole job) on every status change, `progress`
-    when sub-requests finish, `step` for denoise/decode steps, until the job is final."""
+    when sub-requests finish, `step` for denoise/decode steps, until the job is final or
+    `stop()` (checked at least once a second) says this replica is draining."""
     pubsub = redis.pubsub()
     await pubsub.subscribe(names.events_channel(job_id))  # before reading: nothing slips by
     try:
         rec = await store.get(job_id)
         yield "status", _status(rec, base_url)
         status, done = rec.status, rec.done
-        while not rec.final:
+        while not rec.final and not stop():
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_SECONDS)
             if msg is not None:
                 event = json.loads(msg["data"])

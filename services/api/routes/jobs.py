@@ -4,7 +4,7 @@ import json
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from sse_starlette import EventSourceResponse
 
 from services.api.auth import PrincipalDep, authenticate
@@ -92,10 +92,18 @@ async def cancel_job(job: JobDep, lifecycle: LifecycleDep, settings: SettingsDep
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def stream_events(
-    job: JobDep, redis: RedisDep, store: JobStoreDep, settings: SettingsDep
+    request: Request, job: JobDep, redis: RedisDep, store: JobStoreDep, settings: SettingsDep
 ) -> EventSourceResponse:
+    state = request.app.state
+
+    def draining() -> bool:
+        # End the stream cleanly at SIGTERM; the client's EventSource reconnects elsewhere.
+        return getattr(state, "draining", False)
+
     async def events():
-        async for event, data in job_events(redis, store, job.id, settings.public_url):
+        async for event, data in job_events(
+            redis, store, job.id, settings.public_url, stop=draining
+        ):
             yield {"event": event, "data": _json(data)}
 
     return EventSourceResponse(events(), ping=15)
