@@ -11,7 +11,6 @@ import torch
 from services.worker import metrics
 from services.worker.engine import sync
 from services.worker.engine.batch import Batch
-from services.worker.modelbuild import tiny_gpt2
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
 from services.worker.pipelines.text_operators import POLL_EVERY
@@ -33,16 +32,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-gpt2")
-    tiny_gpt2.build(out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def pipeline(model_dir: Path) -> CausalLMTextPipeline:
     # Defaults: max_batch 8, 32 new tokens, 2 sets per bucket.
-    spec = ModelSpec(name=MODEL, kind=ModelKind.CAUSAL_LM, path=model_dir)
+    spec = ModelSpec(name=MODEL, kind=ModelKind.CAUSAL_LM, path=model_dir / "tiny-gpt2")
     pipe = CausalLMTextPipeline(spec, torch.device("cpu"))
     pipe.setup()
     return pipe

@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.worker.modelbuild import tiny_gpt2
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.registry import ModelKind, ModelSpec
@@ -21,15 +20,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-gpt2")
-    tiny_gpt2.build(out)
-    return out
-
-
-@pytest.fixture(scope="session")
 def pipeline(model_dir: Path) -> CausalLMTextPipeline:
-    spec = ModelSpec(name="tiny-gpt2", kind=ModelKind.CAUSAL_LM, path=model_dir)
+    spec = ModelSpec(name="tiny-gpt2", kind=ModelKind.CAUSAL_LM, path=model_dir / "tiny-gpt2")
     pipe = CausalLMTextPipeline(spec, torch.device("cpu"))
     pipe.setup()
     return pipe
