@@ -62,6 +62,7 @@ class JobStore:
         self._renew = redis.register_script(lua.RENEW_LEASES)
         self._release = redis.register_script(lua.RELEASE_LEASE)
         self._claim_expired = redis.register_script(lua.CLAIM_EXPIRED)
+        self._hand_back = redis.register_script(lua.HAND_BACK_LEASE)
 
     # Jobs -----------------------------------------------------------------------------------
 
@@ -283,6 +284,16 @@ class JobStore:
     async def release_lease(self, member: str, worker: str) -> bool:
         return bool(
             await self._release(keys=[names.LEASES, names.LEASE_OWNERS], args=[member, worker])
+        )
+
+    async def hand_back_lease(self, sub: SubRequest, worker: str, new_owner: str) -> bool:
+        """Expire `worker`'s lease on `sub` at once, owned by `new_owner` from now on, and give
+        back the attempt it used. False when `worker` no longer held it."""
+        return bool(
+            await self._hand_back(
+                keys=[names.LEASES, names.LEASE_OWNERS, names.attempts_key(sub.job_id)],
+                args=[sub.member, worker, new_owner, sub.index],
+            )
         )
 
     async def claim_expired_leases(self, limit: int = 100) -> list[tuple[str, int]]:

@@ -140,6 +140,20 @@ end
 return 0
 """
 
+# KEYS: leases, owners, attempts. ARGV: member, worker, hand-back owner, index.
+# A draining worker gives a lease up: expired for every clock and renamed, so its heartbeat can
+# no longer renew it and a new delivery takes it at once; the attempt it used is given back (a
+# drain is not a lost worker). Returns 1 when this worker held the lease, else 0.
+HAND_BACK_LEASE = """
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('ZADD', KEYS[1], 0, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+if tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0') > 0 then
+  redis.call('HINCRBY', KEYS[3], ARGV[4], -1)
+end
+return 1
+"""
+
 # KEYS: leases, owners. ARGV: now, limit.
 # Takes expired leases away atomically, so exactly one janitor (of several API replicas)
 # handles each.

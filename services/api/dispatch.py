@@ -1,15 +1,12 @@
 """Split a job into sub-requests and send each to its model's Celery queue by task name."""
 
-import asyncio
-import time
-
 from celery import Celery
 
 from shared.inputs import ImageGenerationInput, TextGenerationInput
-from shared.job import DEFAULT_PRIORITY, MAX_PRIORITY
+from shared.job import DEFAULT_PRIORITY
 from shared.jobstore import JobRecord
-from shared.names import RUN_SUBREQUEST_TASK, queue_for
 from shared.registry import ModelRegistry
+from shared.sending import send_subrequests
 from shared.subrequest import SubRequest, split_items
 
 
@@ -30,22 +27,4 @@ class Dispatcher:
         ]
 
     async def send(self, subs: list[SubRequest], priority: int = DEFAULT_PRIORITY) -> None:
-        """Enqueue on the model's queue; 0 is the highest priority, MAX_PRIORITY the lowest."""
-        if not 0 <= priority <= MAX_PRIORITY:
-            # kombu would clamp it silently into another priority list.
-            raise ValueError(f"priority must be 0..{MAX_PRIORITY}, not {priority}")
-        if subs:
-            # kombu publishes synchronously; keep it off the event loop.
-            await asyncio.to_thread(self._send, subs, priority)
-
-    def _send(self, subs: list[SubRequest], priority: int) -> None:
-        with self.celery.producer_or_acquire() as producer:
-            for sub in subs:
-                sub.sent_at = time.time()
-                self.celery.send_task(
-                    RUN_SUBREQUEST_TASK,
-                    args=[sub.model_dump(mode="json")],
-                    queue=queue_for(sub.model),
-                    producer=producer,
-                    priority=priority,
-                )
+        await send_subrequests(self.celery, subs, priority)

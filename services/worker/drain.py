@@ -8,9 +8,9 @@ loop, the heartbeat (lease renewal) and the cancel listener keep running through
 What Celery cannot bound, this module does: `FIBERMILL_DRAIN_SECONDS` after the SIGTERM, every
 sub-request still held is asked to stop ("drain") and, once it has, handed back:
 
-1. `HAND_BACK` (one atomic step, only if this worker still owns the lease): the lease's
-   expiry goes to 0 (expired for every clock) and its owner to `<worker>#handback`, so the
-   heartbeat can no longer renew it and a new delivery can take it at once; the attempt it
+1. `JobStore.hand_back_lease` (one atomic step, only if this worker still owns the lease): the
+   lease's expiry goes to 0 (expired for every clock) and its owner to `<worker>#handback`, so
+   the heartbeat can no longer renew it and a new delivery can take it at once; the attempt it
    used is given back (a drain is not a lost worker, so it never counts towards
    `FIBERMILL_MAX_ATTEMPTS`).
 2. The sub-request is sent to its queue again with its job's priority.
@@ -27,9 +27,8 @@ import logging
 import os
 import time
 
-from shared import names
 from shared.errors import JobNotFound
-from shared.names import RUN_SUBREQUEST_TASK, queue_for
+from shared.sending import send_subrequests
 from shared.subrequest import SubRequest
 
 log = logging.getLogger(__name__)
@@ -38,31 +37,13 @@ log = logging.getLogger(__name__)
 DRAIN_STOP_GRACE_SECONDS = 5.0
 FORCED_EXIT_CODE = 75  # EX_TEMPFAIL: a sub-request ignored its stop; the janitor re-sends it
 
-# KEYS: leases, owners, attempts. ARGV: member, worker, hand-back owner, index.
-# Returns 1 when this worker held the lease (now expired, renamed, attempt given back), else 0.
-HAND_BACK = """
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('ZADD', KEYS[1], 0, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-if tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0') > 0 then
-  redis.call('HINCRBY', KEYS[3], ARGV[4], -1)
-end
-return 1
-"""
-
-
 def handback_owner(worker_id: str) -> str:
     return f"{worker_id}#handback"
 
 
 async def expire_lease(rt, sub: SubRequest) -> bool:
     """Step 1: give up the lease so any delivery (or the janitor) can take it at once."""
-    script = rt.redis.register_script(HAND_BACK)
-    held = await script(
-        keys=[names.LEASES, names.LEASE_OWNERS, names.attempts_key(sub.job_id)],
-        args=[sub.member, rt.id, handback_owner(rt.id), sub.index],
-    )
-    return bool(held)
+    return await rt.store.hand_back_lease(sub, rt.id, handback_owner(rt.id))
 
 
 async def hand_back(rt, sub: SubRequest) -> str:
@@ -77,22 +58,12 @@ async def hand_back(rt, sub: SubRequest) -> str:
         if rt.celery is None:
             return "janitor"  # no broker client here: the expired lease is re-sent
         try:
-            await asyncio.to_thread(_send, rt.celery, sub, rec.meta.priority)
+            await send_subrequests(rt.celery, [sub.model_copy()], rec.meta.priority)
         except Exception:
             log.exception("could not send %s back to its queue; the janitor will", sub.member)
             return "janitor"
     await rt.store.release_lease(sub.member, handback_owner(rt.id))
     return "sent" if rec is not None and not rec.final else "final"
-
-
-def _send(celery, sub: SubRequest, priority: int) -> None:
-    sub = sub.model_copy(update={"sent_at": time.time()})
-    celery.send_task(
-        RUN_SUBREQUEST_TASK,
-        args=[sub.model_dump(mode="json")],
-        queue=queue_for(sub.model),
-        priority=priority,
-    )
 
 
 async def drain_watch(rt, deadline: float) -> None:
