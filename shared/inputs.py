@@ -1,11 +1,12 @@
 """Per-task job inputs and outputs (the external contract), with checks against a model's limits."""
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from shared.class_prompts import resolve_class
 from shared.errors import InvalidInput
+from shared.messages import GeneratedImage, GeneratedText
 from shared.registry import ModelKind, ModelSpec
 
 Prompt = Annotated[str, StringConstraints(min_length=1)]
@@ -103,16 +104,14 @@ class ImageGenerationInput(_Input):
                 resolve_class(p, spec.classes, field=f"input.prompts.{i}")
 
 
-class TextOutput(BaseModel):
-    text: str
-    finish_reason: Literal["stop", "length", "canceled"]
-    tokens: int
+class TextOutput(GeneratedText):
+    """One text of a job's output: what its sub-request generated, and where."""
+
     worker: str | None = None
 
 
-class ImageOutput(BaseModel):
+class ImageOutput(GeneratedImage):
+    """One image of a job's output; `url` serves its PNG."""
+
     url: str
-    seed: int
-    width: int
-    height: int
     worker: str | None = None

@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
-from shared.inputs import ImageGenerationInput, TextGenerationInput
+from shared.inputs import ImageGenerationInput, ImageOutput, TextGenerationInput, TextOutput
+from shared.messages import JobError, Progress
 
 
 class JobStatus(StrEnum):
@@ -64,16 +65,6 @@ class ImageJobRequest(JobOptions):
 JobRequest = Annotated[TextJobRequest | ImageJobRequest, Field(discriminator="task")]
 
 
-class JobError(BaseModel):
-    code: str
-    message: str
-
-
-class Progress(BaseModel):
-    done: int
-    total: int
-
-
 class JobMetrics(BaseModel):
     queue_seconds: float | None = None
     run_seconds: float | None = None
@@ -102,7 +93,7 @@ class Job(BaseModel):
     model: str
     status: JobStatus
     input: dict[str, Any]
-    output: list[dict[str, Any] | None] | None = None
+    output: list[TextOutput | ImageOutput | None] | None = None
     error: JobError | None = None
     progress: Progress
     created_at: datetime

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from shared import lua, names
 from shared.errors import InvalidTransition, JobNotFound
-from shared.job import FINAL_STATUSES, JobError, JobMeta, JobStatus, WebhookDelivery
-from shared.subrequest import SubRequest, SubResult
+from shared.job import FINAL_STATUSES, JobMeta, JobStatus, WebhookDelivery
+from shared.messages import DeadLetter, JobError, LeaseOutcome, SubRequest, SubResult
 
 STREAM_MAXLEN = 100_000
 JOBS_INDEX_SIZE = 1000  # recent jobs listed per API key
@@ -43,8 +43,8 @@ class JobRecord:
 
 @dataclass
 class LeaseGrant:
-    outcome: str  # acquired | done | final | gone | busy | exhausted
-    attempt: int = 0
+    outcome: LeaseOutcome
+    attempt: int = 0  # the attempt this is (acquired) or would have been (exhausted)
 
 
 def _f(v: bytes | None) -> float | None:
@@ -55,7 +55,6 @@ class JobStore:
     def __init__(self, redis: aioredis.Redis, finished_ttl: int = 7 * 24 * 3600) -> None:
         self.redis = redis
         self.finished_ttl = finished_ttl
-        self._transition = redis.register_script(lua.TRANSITION)
         self._finalize = redis.register_script(lua.FINALIZE)
         self._store_result = redis.register_script(lua.STORE_RESULT)
         self._acquire = redis.register_script(lua.ACQUIRE_LEASE)
@@ -146,18 +145,6 @@ class JobStore:
             webhook_deliveries=[WebhookDelivery.model_validate_json(d) for d in deliveries],
         )
 
-    async def transition(
-        self, job_id: str, to: JobStatus, allowed_from: list[JobStatus], ts_field: str = ""
-    ) -> bool:
-        """Move to `to` if the job is in one of `allowed_from`; never leaves a final state."""
-        res = await self._transition(
-            keys=[names.job_key(job_id)],
-            args=[to.value, ts_field, repr(time.time()), *[s.value for s in allowed_from]],
-        )
-        if res[0] == -1:
-            raise JobNotFound(job_id)
-        return res[0] == 1
-
     async def finalize(
         self,
         job_id: str,
@@ -242,11 +229,6 @@ class JobStore:
         model = await self.redis.hget(names.job_key(job_id), "model")
         return names.backlog_key(model.decode() if model else "")
 
-    async def backlog(self, model: str) -> int:
-        """Sub-requests of the model sent (or about to be) and not finished: queued,
-        prefetched by a worker, or running."""
-        return await self.redis.zcard(names.backlog_key(model))
-
     async def results(self, job_id: str) -> dict[int, SubResult]:
         raw = await self.redis.hgetall(names.results_key(job_id))
         return {int(k): SubResult.model_validate_json(v) for k, v in raw.items()}
@@ -269,9 +251,9 @@ class JobStore:
             args=[sub.index, sub.member, worker, repr(now), repr(now + lease_seconds),
                   max_attempts, sub.job_id, STREAM_MAXLEN],
         )
-        outcome = outcome.decode()
-        attempt = int(detail) if outcome in ("acquired", "exhausted") else 0
-        return LeaseGrant(outcome, attempt)
+        outcome = LeaseOutcome(outcome.decode())
+        counted = outcome in (LeaseOutcome.ACQUIRED, LeaseOutcome.EXHAUSTED)
+        return LeaseGrant(outcome, int(detail) if counted else 0)
 
     async def renew_leases(self, members: list[str], worker: str, lease_seconds: float) -> int:
         if not members:
@@ -309,6 +291,10 @@ class JobStore:
     async def attempts(self, job_id: str, index: int) -> int:
         return int(await self.redis.hget(names.attempts_key(job_id), index) or 0)
 
-    async def dead_letter(self, sub: SubRequest, reason: str) -> None:
-        entry = {"subrequest": sub.model_dump(mode="json"), "reason": reason, "at": time.time()}
-        await self.redis.lpush(names.DEAD_LETTER, json.dumps(entry))
+    async def dead_letter(self, sub: SubRequest, result: SubResult) -> int:
+        """Give a sub-request up: keep it in the dead-letter list for an operator, and store
+        its failure as its result (see `store_result` for the return value)."""
+        entry = DeadLetter(subrequest=sub, reason=result.error.message if result.error else "",
+                           at=time.time())
+        await self.redis.lpush(names.DEAD_LETTER, entry.encode())
+        return await self.store_result(sub.job_id, result)

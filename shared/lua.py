@@ -10,25 +10,6 @@ local function is_final(s)
 end
 """
 
-# KEYS: job. ARGV: to, timestamp field ('' for none), timestamp, allowed from-statuses...
-# Returns {1, to} on change, {0, current} when refused, {-1} when the job does not exist.
-TRANSITION = (
-    _FINAL
-    + """
-local cur = redis.call('HGET', KEYS[1], 'status')
-if not cur then return {-1} end
-if is_final(cur) then return {0, cur} end
-for i = 4, #ARGV do
-  if cur == ARGV[i] then
-    redis.call('HSET', KEYS[1], 'status', ARGV[1])
-    if ARGV[2] ~= '' then redis.call('HSETNX', KEYS[1], ARGV[2], ARGV[3]) end
-    return {1, ARGV[1]}
-  end
-end
-return {0, cur}
-"""
-)
-
 # KEYS: job, results, blobs, attempts, webhooks, completion stream, the model's backlog.
 # ARGV: status, output json, error json ('' for none), completed_at, ttl seconds, job id, stream
 # maxlen. Returns 1 when the job became final, 0 if it already was, -1 if gone. The `final`
@@ -164,4 +145,79 @@ for _, m in ipairs(members) do
   redis.call('HDEL', KEYS[2], m)
 end
 return members
+"""
+
+# Webhook outbox (services/api/webhooks/outbox.py) -------------------------------------------
+
+# KEYS: due zset, delivery hash. ARGV: id, job, event, now, ttl.
+WEBHOOK_ENQUEUE = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], 'job', ARGV[2], 'event', ARGV[3], 'attempt', 0,
+           'first_at', ARGV[4], 'state', 'pending')
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
+return 1
+"""
+
+# KEYS: due zset, delivery hash. ARGV: id, now, lease until, consumer.
+WEBHOOK_TAKE = """
+local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not due or tonumber(due) > tonumber(ARGV[2]) then return false end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return false
+end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+local attempt = redis.call('HINCRBY', KEYS[2], 'attempt', 1)
+redis.call('HSET', KEYS[2], 'owner', ARGV[4])
+local h = redis.call('HMGET', KEYS[2], 'job', 'event', 'first_at')
+return {attempt, h[1], h[2], h[3]}
+"""
+
+# KEYS: due zset, delivery hash. ARGV: id, attempt, next due time or '' when done, state.
+WEBHOOK_SETTLE = """
+if redis.call('HGET', KEYS[2], 'attempt') ~= ARGV[2] then return 0 end
+if ARGV[3] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HSET', KEYS[2], 'state', ARGV[4])
+else
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: due zset, delivery hash. ARGV: id, attempt, now. Hands an interrupted claim back.
+WEBHOOK_RELEASE = """
+if redis.call('HGET', KEYS[2], 'attempt') ~= ARGV[2] then return 0 end
+redis.call('HINCRBY', KEYS[2], 'attempt', -1)
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+# Rate limiting (services/api/ratelimit.py) ----------------------------------------------------
+
+# KEYS: bucket. ARGV: tokens per second, burst, cost.
+# Returns '0' when the cost was taken, else the seconds until it could be (as a string: Lua
+# numbers come back from Redis truncated to integers).
+# Time is the Redis server's, so replicas with skewed clocks still share one bucket fairly.
+TOKEN_BUCKET = """
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or burst
+local at = tonumber(state[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local wait = 0
+if tokens >= cost then
+  tokens = tokens - cost
+else
+  wait = (cost - tokens) / rate
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'at', now)
+-- Once full again the bucket is the same as no bucket; let it go.
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
+return string.format('%.6f', wait)
 """

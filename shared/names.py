@@ -57,3 +57,23 @@ def jobs_index_key(owner: str | None) -> str:
 
 def worker_key(name: str) -> str:
     return f"{WORKER_PREFIX}{name}"
+
+
+# Webhook outbox (services/api/webhooks/outbox.py).
+WEBHOOKS_DUE_COMPLETED = f"{PREFIX}:webhooks:due:completed"  # ZSET: delivery id -> due time
+WEBHOOKS_DUE_UPDATES = f"{PREFIX}:webhooks:due:updates"  # the same for start and progress
+
+
+def webhook_delivery_key(webhook_id: str) -> str:
+    """One pending (or, as a tombstone, settled) webhook delivery."""
+    return f"{PREFIX}:webhooks:delivery:{webhook_id}"
+
+
+def webhook_throttle_key(job_id: str) -> str:
+    """Set while a job's progress webhooks are throttled."""
+    return f"{PREFIX}:webhooks:throttle:{job_id}"
+
+
+def ratelimit_key(who: str) -> str:
+    """One caller's job-submission token bucket ("key:<id>", "ip:<addr>" or "anonymous")."""
+    return f"{PREFIX}:ratelimit:{who}"

@@ -2,13 +2,12 @@
 and by a draining worker handing work back."""
 
 import asyncio
-import time
 
 from celery import Celery
 
 from shared.job import DEFAULT_PRIORITY, MAX_PRIORITY
+from shared.messages import SubRequest
 from shared.names import RUN_SUBREQUEST_TASK, queue_for
-from shared.subrequest import SubRequest
 
 
 async def send_subrequests(
@@ -26,10 +25,9 @@ async def send_subrequests(
 def _send(celery: Celery, subs: list[SubRequest], priority: int) -> None:
     with celery.producer_or_acquire() as producer:
         for sub in subs:
-            sub.sent_at = time.time()
             celery.send_task(
                 RUN_SUBREQUEST_TASK,
-                args=[sub.model_dump(mode="json")],
+                args=sub.task_args(),
                 queue=queue_for(sub.model),
                 producer=producer,
                 priority=priority,

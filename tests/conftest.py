@@ -62,6 +62,13 @@ def queued(redis_url: str, model: str) -> int:
     return sum(client.llen(key) for key in priority_lists(model))
 
 
+async def backlog(redis_client: aioredis.Redis, model: str) -> int:
+    """The model's backlog as `fibermill_subrequests_backlog` reports it."""
+    from shared.names import backlog_key
+
+    return await redis_client.zcard(backlog_key(model))
+
+
 @pytest.fixture
 async def aredis(redis_url):
     client = aioredis.Redis.from_url(redis_url)

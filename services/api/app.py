@@ -22,6 +22,7 @@ from services.api.notify import Notifier
 from services.api.ratelimit import RateLimiter
 from services.api.routes import health, jobs, models, ui
 from services.api.routes import metrics as metrics_route
+from services.api.submission import Submissions
 from services.api.webhooks.outbox import Outbox
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
@@ -44,6 +45,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     lifecycle = Lifecycle(store, Notifier(redis, outbox, settings.public_url), settings.public_url)
     s = app.state
     s.redis, s.store, s.registry, s.dispatcher = redis, store, registry, dispatcher
+    s.submissions = Submissions(redis, store, registry, dispatcher, settings)
     s.outbox, s.lifecycle = outbox, lifecycle
     s.limiter = RateLimiter(redis, settings)
     s.joiner = Joiner(redis, lifecycle, settings, consumer)

@@ -1,23 +1,23 @@
 """Assemble a job's output from its sub-results, in input order."""
 
 from services.api.envelope import output_url
-from shared.job import JobError
+from shared.inputs import ImageOutput, TextOutput
 from shared.jobstore import JobRecord
-from shared.subrequest import SubResult
+from shared.messages import GeneratedImage, JobError, SubResult
 
 
-def assemble(rec: JobRecord, results: dict[int, SubResult], base_url: str) -> list[dict | None]:
-    out: list[dict | None] = []
+def assemble(rec: JobRecord, results: dict[int, SubResult],
+             base_url: str) -> list[TextOutput | ImageOutput | None]:
+    out: list[TextOutput | ImageOutput | None] = []
     for i in range(rec.total):
         r = results.get(i)
         if r is None or r.output is None:
             out.append(None)
-            continue
-        item = dict(r.output)
-        if rec.task == "image-generation":
-            item = {"url": output_url(base_url, rec.id, i), **item}
-        item["worker"] = r.worker
-        out.append(item)
+        elif isinstance(r.output, GeneratedImage):
+            out.append(ImageOutput(url=output_url(base_url, rec.id, i), worker=r.worker,
+                                   **r.output.model_dump()))
+        else:
+            out.append(TextOutput(worker=r.worker, **r.output.model_dump()))
     return out
 
 

@@ -10,6 +10,9 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api.errors import render
+from shared.errors import PayloadTooLarge
+
 
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
@@ -68,19 +71,18 @@ class BodyLimitMiddleware:
                 raise
 
     async def _reject(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "detail": f"request body is larger than the limit of {self.max_bytes} bytes",
-                "code": "payload_too_large",
-            }
-        ).encode()
+        status, payload, headers = render(
+            PayloadTooLarge(f"request body is larger than the limit of {self.max_bytes} bytes")
+        )
+        body = json.dumps(payload).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    *((k.lower().encode(), v.encode()) for k, v in headers.items()),
                     # The rest of the body may still be on its way; this connection is done.
                     (b"connection", b"close"),
                 ],

@@ -3,12 +3,14 @@
 from typing import Annotated
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
 from services.api.auth import PrincipalDep
 from services.api.dispatch import Dispatcher
 from services.api.lifecycle import Lifecycle
+from services.api.prefer import PreferWait, prefer_wait
 from services.api.ratelimit import RateLimiter
+from services.api.submission import Submissions
 from shared.errors import JobNotFound
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry
@@ -41,12 +43,17 @@ def _limiter(request: Request) -> RateLimiter:
     return request.app.state.limiter
 
 
+def _submissions(request: Request) -> Submissions:
+    return request.app.state.submissions
+
+
 JobStoreDep = Annotated[JobStore, Depends(_store)]
 RedisDep = Annotated[aioredis.Redis, Depends(_redis)]
 LifecycleDep = Annotated[Lifecycle, Depends(_lifecycle)]
 RateLimiterDep = Annotated[RateLimiter, Depends(_limiter)]
 RegistryDep = Annotated[ModelRegistry, Depends(_registry)]
 DispatcherDep = Annotated[Dispatcher, Depends(_dispatcher)]
+SubmissionsDep = Annotated[Submissions, Depends(_submissions)]
 
 
 async def _job(job_id: str, store: JobStoreDep, principal: PrincipalDep) -> JobRecord:
@@ -57,3 +64,15 @@ async def _job(job_id: str, store: JobStoreDep, principal: PrincipalDep) -> JobR
 
 
 JobDep = Annotated[JobRecord, Depends(_job)]
+
+
+def _prefer(
+    redis: RedisDep,
+    store: JobStoreDep,
+    settings: SettingsDep,
+    prefer: Annotated[str | None, Header()] = None,
+) -> PreferWait:
+    return PreferWait(prefer_wait(prefer, settings.max_wait_seconds), redis, store)
+
+
+PreferWaitDep = Annotated[PreferWait, Depends(_prefer)]

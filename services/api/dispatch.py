@@ -5,9 +5,10 @@ from celery import Celery
 from shared.inputs import ImageGenerationInput, TextGenerationInput
 from shared.job import DEFAULT_PRIORITY
 from shared.jobstore import JobRecord
+from shared.messages import SubRequest
 from shared.registry import ModelRegistry
 from shared.sending import send_subrequests
-from shared.subrequest import SubRequest, split_items
+from shared.subrequest import split_items
 
 
 class Dispatcher:

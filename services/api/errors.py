@@ -1,6 +1,7 @@
 """The one place where domain errors become HTTP responses."""
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -42,20 +43,28 @@ def _status(exc: FibermillError) -> int:
     return 500
 
 
-async def _domain_error(_request: Request, exc: FibermillError) -> JSONResponse:
+def render(exc: FibermillError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """A domain error as an HTTP answer: (status, JSON body, headers). Used by the exception
+    handler below and by middleware that answers before the app runs (body_limit)."""
     status = _status(exc)
+    body: dict[str, Any]
     if isinstance(exc, InvalidInput):
         # The same shape as FastAPI's own validation errors, so clients parse one format.
         loc = ["body", *exc.field.split(".")]
         body = {"detail": [{"loc": loc, "msg": exc.message, "type": exc.code}]}
     else:
         body = {"detail": str(exc), "code": exc.code}
-    headers = None
+    headers: dict[str, str] = {}
     if isinstance(exc, RateLimited | ServiceUnavailable):
-        headers = {"Retry-After": str(max(1, int(exc.retry_after)))}
+        headers["Retry-After"] = str(max(1, int(exc.retry_after)))
     elif isinstance(exc, Unauthorized):
-        headers = {"WWW-Authenticate": "Bearer"}
-    return JSONResponse(body, status_code=status, headers=headers)
+        headers["WWW-Authenticate"] = "Bearer"
+    return status, body, headers
+
+
+async def _domain_error(_request: Request, exc: FibermillError) -> JSONResponse:
+    status, body, headers = render(exc)
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:

@@ -5,7 +5,6 @@ on every message, and every second without one, the record is read again, so a m
 only delays an event and a client that connects late gets the current state first.
 """
 
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -14,6 +13,7 @@ import redis.asyncio as aioredis
 from services.api.envelope import envelope
 from shared import names
 from shared.jobstore import JobRecord, JobStore
+from shared.messages import StepEvent, decode_event
 
 POLL_SECONDS = 1.0
 
@@ -37,9 +37,9 @@ async def job_events(
         while not rec.final and not stop():
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_SECONDS)
             if msg is not None:
-                event = json.loads(msg["data"])
-                if event["event"] == "step":
-                    yield "step", event["data"]
+                event = decode_event(msg["data"])
+                if isinstance(event, StepEvent):
+                    yield event.event, event.data.model_dump()
                     continue
             rec = await store.get(job_id)
             if rec.done > done:

@@ -9,17 +9,15 @@ deadline.
 
 import asyncio
 import logging
-import time
 
 from services.api import metrics
 from services.api.dispatch import Dispatcher
 from services.api.lifecycle import Lifecycle
 from shared.asyncio_compat import raise_if_cancelled
-from shared.errors import DeadLettered, JobNotFound
-from shared.job import JobError
+from shared.errors import JobNotFound
+from shared.failures import dead_lettered
 from shared.jobstore import JobStore
 from shared.settings import Settings
-from shared.subrequest import SubResult
 
 log = logging.getLogger(__name__)
 
@@ -71,20 +69,7 @@ class Janitor:
         sub = self.dispatcher.subrequests(rec)[index]
         attempts = await self.store.attempts(job_id, index)
         if attempts >= self.settings.max_attempts:
-            reason = (
-                f"sub-request {index} was given up after {attempts} attempts: each one "
-                "lost its worker (crash, out of memory or kill)"
-            )
-            await self.store.dead_letter(sub, reason)
-            await self.store.store_result(
-                job_id,
-                SubResult(
-                    index=index,
-                    worker="janitor",
-                    finished_at=time.time(),
-                    error=JobError(code=DeadLettered.code, message=reason),
-                ),
-            )
+            await self.store.dead_letter(sub, dead_lettered(sub, attempts, worker="janitor"))
             metrics.DEAD_LETTERED.inc()
             log.warning("dead-lettered %s:%d after %d attempts", job_id, index, attempts)
             return 1

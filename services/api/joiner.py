@@ -16,6 +16,7 @@ from services.api.lifecycle import Lifecycle
 from shared import names
 from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import JobNotFound
+from shared.messages import CompletionEntry, CompletionKind
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -111,12 +112,11 @@ class Joiner:
             await self.redis.xack(names.COMPLETIONS_STREAM, names.JOINER_GROUP, entry_id)
             self.handled += 1
 
-    async def handle(self, fields: dict) -> None:
-        job_id = fields[b"job"].decode()
-        kind = fields.get(b"kind")
-        if kind == b"started":
-            await self.lifecycle.started(job_id)
-        elif kind == b"final":
-            await self.lifecycle.finalized(job_id)
+    async def handle(self, fields: dict[bytes, bytes]) -> None:
+        entry = CompletionEntry.from_fields(fields)
+        if entry.kind == CompletionKind.STARTED:
+            await self.lifecycle.started(entry.job)
+        elif entry.kind == CompletionKind.FINAL:
+            await self.lifecycle.finalized(entry.job)
         else:
-            await self.lifecycle.settle(job_id)
+            await self.lifecycle.settle(entry.job)

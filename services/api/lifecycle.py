@@ -8,9 +8,9 @@ from services.api.assembly import assemble, first_error
 from services.api.notify import Notifier
 from shared import names
 from shared.errors import DeadlineExceeded
-from shared.job import JobError, JobStatus
+from shared.job import JobStatus
 from shared.jobstore import JobRecord, JobStore
-from shared.subrequest import SubResult
+from shared.messages import CancelNotice, JobError, SubResult
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,15 @@ class Lifecycle:
         change wins counts it, notifies, and tells workers to drop the rest."""
         if results is None:
             results = await self.store.results(rec.id)
-        output = assemble(rec, results, self.base_url)
+        output = [o.model_dump(mode="json") if o else None
+                  for o in assemble(rec, results, self.base_url)]
         if not await self.store.finalize(rec.id, status, output, error):
             return False
         final = await self.store.get(rec.id)
         _observe(final)
         if status != JobStatus.SUCCEEDED:
-            await self.store.redis.publish(names.CANCEL_CHANNEL, rec.id)
+            await self.store.redis.publish(names.CANCEL_CHANNEL,
+                                           CancelNotice(job_id=rec.id).encode())
         await self.notifier.completed(final)
         return True
 

@@ -6,34 +6,9 @@ from redis.asyncio import Redis
 
 from services.api.auth import Principal
 from shared.errors import RateLimited
-from shared.names import PREFIX
+from shared.lua import TOKEN_BUCKET
+from shared.names import ratelimit_key
 from shared.settings import Settings
-
-# KEYS: bucket. ARGV: tokens per second, burst, cost.
-# Returns '0' when the cost was taken, else the seconds until it could be (as a string: Lua
-# numbers come back from Redis truncated to integers).
-# Time is the Redis server's, so replicas with skewed clocks still share one bucket fairly.
-TOKEN_BUCKET = """
-local rate = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or burst
-local at = tonumber(state[2]) or now
-tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
-local wait = 0
-if tokens >= cost then
-  tokens = tokens - cost
-else
-  wait = (cost - tokens) / rate
-end
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'at', now)
--- Once full again the bucket is the same as no bucket; let it go.
-redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
-return string.format('%.6f', wait)
-"""
 
 
 def bucket_key(principal: Principal) -> str:
@@ -43,7 +18,7 @@ def bucket_key(principal: Principal) -> str:
         who = f"ip:{principal.client}"
     else:
         who = "anonymous"
-    return f"{PREFIX}:ratelimit:{who}"
+    return ratelimit_key(who)
 
 
 class RateLimiter:

@@ -1,20 +1,9 @@
 """Run the API under uvicorn with a graceful drain: `python -m services.api.serve`.
 
-uvicorn closes its listening socket the moment SIGTERM arrives, while a load balancer (or a
-Kubernetes Service) may go on sending new connections to the pod for a few seconds. So here,
-at SIGTERM:
-
-1. `/readyz` answers 503 at once (`app.state.draining`); everything else is served as before.
-2. After `FIBERMILL_API_DRAIN_SECONDS`, uvicorn's own graceful shutdown starts: the socket
-   closes, idle keep-alive connections close, SSE streams (`/v1/jobs/{id}/events`) end (a
-   client's EventSource reconnects to another replica), and requests in flight, `Prefer:
-   wait` ones included, run to their end, for at most `--timeout-graceful-shutdown` seconds
-   (default: `FIBERMILL_MAX_WAIT_SECONDS` + 5, so a wait that started before it always ends).
-3. The lifespan shutdown stops the joiner, janitor and webhook sender, and the process exits 0.
-
-A second SIGTERM skips what is left of the drain delay; one during the shutdown stops waiting
-for connections. SIGINT (Ctrl-C) skips the delay. Size the pod's terminationGracePeriodSeconds
-above `FIBERMILL_API_DRAIN_SECONDS` + the graceful-shutdown timeout.
+uvicorn closes its listening socket the moment SIGTERM arrives, while a load balancer may go on
+sending new connections for a few seconds; this server first answers 503 on `/readyz` for
+`FIBERMILL_API_DRAIN_SECONDS`, then lets uvicorn shut down gracefully. The whole sequence, and
+how to size the pod's grace period, is in docs/architecture.md ("Drain (SIGTERM)").
 """
 
 import argparse

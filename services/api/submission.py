@@ -11,10 +11,11 @@ from services.api.auth import Principal
 from services.api.backpressure import check_backpressure
 from services.api.dispatch import Dispatcher
 from services.api.webhooks.ssrf import check_webhook_url
-from shared.errors import InvalidInput, JobNotFound
-from shared.job import ImageJobRequest, JobMeta, JobOptions, JobStatus, TextJobRequest
+from shared.errors import InvalidInput
+from shared.job import JobMeta, JobOptions, JobRequest, JobStatus
 from shared.jobstore import JobRecord, JobStore
-from shared.registry import ModelRegistry
+from shared.messages import SubRequest
+from shared.registry import ModelRegistry, ModelSpec
 from shared.settings import Settings
 
 
@@ -24,66 +25,89 @@ class Submitted:
     created: bool  # False when an Idempotency-Key gave back an earlier job
 
 
-async def submit(
-    req: TextJobRequest | ImageJobRequest,
-    principal: Principal,
-    idempotency_key: str | None,
-    redis: aioredis.Redis,
-    store: JobStore,
-    registry: ModelRegistry,
-    dispatcher: Dispatcher,
-    settings: Settings,
-) -> Submitted:
-    spec = registry.get(req.model)
-    if spec.task != req.task:
-        raise InvalidInput("task", f"model {req.model} serves {spec.task}, not {req.task}")
-    req.input.check_limits(spec)
-    if req.deadline_seconds is not None and req.deadline_seconds > settings.max_deadline_seconds:
-        raise InvalidInput("deadline_seconds",
-                           f"at most {settings.max_deadline_seconds} seconds")
-    if req.webhook is not None:
-        await check_webhook_url(str(req.webhook), settings.webhook_allow_private)
-    if idempotency_key is not None and len(idempotency_key) > idempotency.MAX_KEY_LENGTH:
-        raise InvalidInput("Idempotency-Key",
-                           f"longer than {idempotency.MAX_KEY_LENGTH} characters")
-    digest = idempotency.body_digest(req.model_dump(mode="json"))  # before a seed is chosen
+class Submissions:
+    """Job submission, built once per app with what every submission needs."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        store: JobStore,
+        registry: ModelRegistry,
+        dispatcher: Dispatcher,
+        settings: Settings,
+    ) -> None:
+        self.redis = redis
+        self.store = store
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.claims = idempotency.Claims(redis)
+
+    async def submit(
+        self, req: JobRequest, principal: Principal, idempotency_key: str | None
+    ) -> Submitted:
+        spec = await self._validate(req, idempotency_key)
+        digest = idempotency.body_digest(req.model_dump(mode="json"))  # before a seed is chosen
+        _choose_seed(req)
+        probe = _probe(req)
+        # Split before storing, so a job that cannot be split is never accepted.
+        subs = self.dispatcher.subrequests(probe)
+        async with self.claims.hold(
+            principal.key_id, idempotency_key, digest, probe.id, self.store.get
+        ) as earlier:
+            if earlier is not None:
+                return Submitted(earlier, created=False)
+            # After the Idempotency-Key: replaying an accepted job must not get a 503.
+            await check_backpressure(self.redis, spec, self.settings, len(subs))
+            rec = await self._create(req, probe, len(subs), principal, idempotency_key)
+        await self._dispatch(rec, subs, req)
+        return Submitted(rec, created=True)
+
+    async def _validate(self, req: JobRequest, idempotency_key: str | None) -> ModelSpec:
+        """The model's spec, once the request fits its model and the server's limits."""
+        spec = self.registry.get(req.model)
+        if spec.task != req.task:
+            raise InvalidInput("task", f"model {req.model} serves {spec.task}, not {req.task}")
+        req.input.check_limits(spec)
+        limit = self.settings.max_deadline_seconds
+        if req.deadline_seconds is not None and req.deadline_seconds > limit:
+            raise InvalidInput("deadline_seconds", f"at most {limit} seconds")
+        if req.webhook is not None:
+            await check_webhook_url(str(req.webhook), self.settings.webhook_allow_private)
+        if idempotency_key is not None and len(idempotency_key) > idempotency.MAX_KEY_LENGTH:
+            raise InvalidInput("Idempotency-Key",
+                               f"longer than {idempotency.MAX_KEY_LENGTH} characters")
+        return spec
+
+    async def _create(
+        self,
+        req: JobRequest,
+        probe: JobRecord,
+        total: int,
+        principal: Principal,
+        idempotency_key: str | None,
+    ) -> JobRecord:
+        meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
+                       owner=principal.key_id, idempotency_key=idempotency_key)
+        return await self.store.create(probe.id, probe.task, probe.model, probe.input, total,
+                                       meta)
+
+    async def _dispatch(self, rec: JobRecord, subs: list[SubRequest], req: JobRequest) -> None:
+        # Counted once the job exists (it will reach a final status and be counted finished,
+        # even if sending fails below): an Idempotency-Key replay is not a new job.
+        metrics.JOBS_SUBMITTED.labels(req.task, req.model).inc()
+        # From here the job exists: if sending fails half-way, the janitor finishes dispatching.
+        await self.dispatcher.send(subs, req.priority)
+        await self.store.mark_dispatched(rec.id)
+
+
+def _choose_seed(req: JobRequest) -> None:
     if req.input.seed is None:
         # Stored with the job, so every job can be reproduced from its own record.
         req.input.seed = secrets.randbelow(2**31 - 1)
-    job_id = uuid.uuid4().hex
+
+
+def _probe(req: JobRequest) -> JobRecord:
+    """The record the job will have, under a new id, for splitting it before it is stored."""
     rec_input = req.input.model_dump(mode="json")
-    # Split before storing, so a job that cannot be split is never accepted.
-    probe = JobRecord(job_id, req.task, req.model, JobStatus.QUEUED, rec_input, 0, 0.0)
-    subs = dispatcher.subrequests(probe)
-    if idempotency_key is not None:
-        earlier = await idempotency.claim(redis, principal.key_id, idempotency_key, digest,
-                                          job_id)
-        if earlier is not None:
-            try:
-                return Submitted(await store.get(earlier), created=False)
-            except JobNotFound:  # the earlier job expired: the key is free again
-                await idempotency.release(redis, principal.key_id, idempotency_key)
-                return await submit(req, principal, idempotency_key, redis, store, registry,
-                                    dispatcher, settings)
-    try:
-        # After the Idempotency-Key: replaying an accepted job must not get a 503.
-        await check_backpressure(redis, spec, settings, len(subs))
-    except Exception:
-        if idempotency_key is not None:
-            await idempotency.release(redis, principal.key_id, idempotency_key)
-        raise
-    meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
-                   owner=principal.key_id, idempotency_key=idempotency_key)
-    try:
-        rec = await store.create(job_id, req.task, req.model, rec_input, len(subs), meta)
-    except Exception:
-        if idempotency_key is not None:
-            await idempotency.release(redis, principal.key_id, idempotency_key)
-        raise
-    # Counted once the job exists (it will reach a final status and be counted finished, even
-    # if sending fails below): an Idempotency-Key replay above is not a new job.
-    metrics.JOBS_SUBMITTED.labels(req.task, req.model).inc()
-    # From here the job exists: if sending fails half-way, the janitor finishes dispatching.
-    await dispatcher.send(subs, req.priority)
-    await store.mark_dispatched(job_id)
-    return Submitted(rec, created=True)
+    return JobRecord(uuid.uuid4().hex, req.task, req.model, JobStatus.QUEUED, rec_input, 0, 0.0)

@@ -131,9 +131,13 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def mean_batch(text: str, model: str) -> float:
-    count = metric(text, "fibermill_batch_size_count", model=model)
-    return metric(text, "fibermill_batch_size_sum", model=model) / count if count else 0.0
+def mean_batch(before: str, after: str, model: str) -> float:
+    """The model's mean batch size over the batches run between two scrapes (0 for none)."""
+    count = (metric(after, "fibermill_batch_size_count", model=model)
+             - metric(before, "fibermill_batch_size_count", model=model))
+    total = (metric(after, "fibermill_batch_size_sum", model=model)
+             - metric(before, "fibermill_batch_size_sum", model=model))
+    return total / count if count > 0 else 0.0
 
 
 def steady(http: httpx.Client, body: dict, clients: int, n: int) -> list[float]:
@@ -162,7 +166,7 @@ def digits_body() -> dict:
 
 
 def run(n: int = 32, steady_jobs: int = 600) -> dict:
-    from shared.subrequest import ImageItem, TextItem
+    from shared.messages import ImageItem, TextItem
 
     cases = {
         "text": ("tiny-gpt2", text_body(), TextItem(prompt="Hello there", max_new_tokens=16)),
@@ -186,11 +190,7 @@ def run(n: int = 32, steady_jobs: int = 600) -> dict:
                 before = scrape(metrics_url)
                 out[(name, batching)] = burst(http, body, n)
                 after = scrape(metrics_url)
-                out[(name, batching, "batch")] = (
-                    (metric(after, "fibermill_batch_size_sum", model=model)
-                     - metric(before, "fibermill_batch_size_sum", model=model))
-                    / max(1.0, metric(after, "fibermill_batch_size_count", model=model)
-                          - metric(before, "fibermill_batch_size_count", model=model)))
+                out[(name, batching, "batch")] = mean_batch(before, after, model)
             if batching:
                 model, body, _ = cases["text"]
                 steady(http, body, 4, 20)  # warm-up

@@ -89,8 +89,8 @@ def image_bench(args, device: torch.device, tmp: Path) -> dict:
     from services.worker.engine import sync
     from services.worker.modelbuild.tiny_diffusion import build_tiny_sd
     from services.worker.pipelines.image import StableDiffusionImagePipeline
+    from shared.messages import ImageItem
     from shared.registry import ModelSpec
-    from shared.subrequest import ImageItem
 
     path = tmp / "sd"
     (build_sd15_shaped if args.shape == "sd15" else build_tiny_sd)(path)
@@ -138,8 +138,8 @@ def text_bench(args, device: torch.device, tmp: Path) -> dict:
     from services.worker.engine import sync
     from services.worker.modelbuild.tiny_gpt2 import build
     from services.worker.pipelines.text import CausalLMTextPipeline
+    from shared.messages import TextItem
     from shared.registry import ModelSpec
-    from shared.subrequest import TextItem
 
     build(tmp / "gpt2")
     spec = ModelSpec(name="bench-gpt2", kind="causal-lm", path=tmp / "gpt2",

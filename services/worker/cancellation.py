@@ -1,49 +1,58 @@
 """Stop running sub-requests of jobs that became final (canceled, failed, past deadline).
 
-The API publishes the job id on a channel the moment the job becomes final; the heartbeat
-also checks the jobs it holds, so a missed message costs one heartbeat, not the whole run.
+The API publishes a `CancelNotice` the moment a job becomes final; the heartbeat also checks
+the jobs this worker holds (`sweep`), so a missed notice costs one heartbeat, not the whole run.
 """
 
 import asyncio
 import logging
 
-from services.worker.runtime import WorkerRuntime
+import redis.asyncio as aioredis
+
+from services.worker.flights import Flights
 from shared import names
 from shared.asyncio_compat import raise_if_cancelled
 from shared.job import FINAL_STATUSES
+from shared.messages import CancelNotice
 
 log = logging.getLogger(__name__)
 
 
-async def listen_for_cancels(rt: WorkerRuntime) -> None:
-    while True:
-        raise_if_cancelled()
-        pubsub = rt.redis.pubsub()
-        try:
-            await pubsub.subscribe(names.CANCEL_CHANNEL)
-            async for msg in pubsub.listen():
-                if msg["type"] == "message":
-                    job_id = msg["data"].decode()
-                    if rt.stop_job(job_id):
-                        log.info("stopping the sub-requests of job %s", job_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # Redis went away: resubscribe after a pause
-            log.warning("cancel listener lost Redis; resubscribing", exc_info=True)
-            await asyncio.sleep(1)
-        finally:
-            await pubsub.aclose()
+class CancelListener:
+    def __init__(self, redis: aioredis.Redis, flights: Flights) -> None:
+        self.redis = redis
+        self.flights = flights
 
+    async def run(self) -> None:
+        while True:
+            raise_if_cancelled()
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(names.CANCEL_CHANNEL)
+                async for msg in pubsub.listen():
+                    if msg["type"] == "message":
+                        self._stop(CancelNotice.decode(msg["data"]).job_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Redis went away: resubscribe after a pause
+                log.warning("cancel listener lost Redis; resubscribing", exc_info=True)
+                await asyncio.sleep(1)
+            finally:
+                await pubsub.aclose()
 
-async def stop_finished_jobs(rt: WorkerRuntime) -> None:
-    """The heartbeat's fallback: stop sub-requests whose job is already final."""
-    job_ids = sorted({f.sub.job_id for f in rt.in_flight.values()})
-    if not job_ids:
-        return
-    async with rt.redis.pipeline(transaction=False) as pipe:
-        for job_id in job_ids:
-            pipe.hget(names.job_key(job_id), "status")
-        statuses = await pipe.execute()
-    for job_id, status in zip(job_ids, statuses, strict=True):
-        if status is None or status.decode() in FINAL_STATUSES:
-            rt.stop_job(job_id)
+    async def sweep(self) -> None:
+        """Stop held sub-requests whose job is already final (or gone)."""
+        job_ids = self.flights.job_ids()
+        if not job_ids:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(names.job_key(job_id), "status")
+            statuses = await pipe.execute()
+        for job_id, status in zip(job_ids, statuses, strict=True):
+            if status is None or status.decode() in FINAL_STATUSES:
+                self._stop(job_id)
+
+    def _stop(self, job_id: str) -> None:
+        if self.flights.stop_job(job_id):
+            log.info("stopping the sub-requests of job %s", job_id)

@@ -4,105 +4,123 @@ import logging
 import time
 
 from services.worker import metrics
-from services.worker.drain import hand_back
-from services.worker.engine.engine import Arrival
+from services.worker.drain import Drainer
+from services.worker.engine.engine import Arrival, Engine
+from services.worker.flights import Flights, InFlight
 from services.worker.pipelines.base import ImageResult, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
-from services.worker.progress import step_hook
-from services.worker.runtime import InFlight, WorkerRuntime
-from shared.errors import DeadLettered, ModelError, TimeLimitExceeded
-from shared.job import JobError
-from shared.subrequest import SubRequest, SubResult
+from services.worker.progress import ProgressPublisher
+from shared.errors import ModelError
+from shared.failures import dead_lettered, time_limit_exceeded
+from shared.jobstore import JobStore, LeaseGrant
+from shared.messages import (
+    GeneratedImage,
+    GeneratedText,
+    JobError,
+    LeaseOutcome,
+    Outcome,
+    StopReason,
+    SubRequest,
+    SubResult,
+)
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def _output(result: TextResult | ImageResult) -> tuple[dict, bytes | None]:
+Generated = tuple[GeneratedText | GeneratedImage, bytes | None]
+
+
+def _generated(result: TextResult | ImageResult) -> Generated:
+    """The sub-result's output, and the bytes stored beside it (an image's PNG)."""
     if isinstance(result, ImageResult):
-        return {"seed": result.seed, "width": result.width, "height": result.height}, result.png
-    return {
-        "text": result.text,
-        "finish_reason": result.finish_reason,
-        "tokens": result.tokens,
-    }, None
+        image = GeneratedImage(seed=result.seed, width=result.width, height=result.height)
+        return image, result.png
+    text = GeneratedText(text=result.text, finish_reason=result.finish_reason,
+                         tokens=result.tokens)
+    return text, None
 
 
-async def handle(rt: WorkerRuntime, sub: SubRequest) -> str:
-    # Announced before the lease round trip, so the batcher waits for this sub-request
-    # (briefly) instead of starting a batch without it.
-    with rt.engines[sub.model].arrival() as arrival:
-        return await _handle(rt, sub, arrival)
+class Handler:
+    def __init__(self, settings: Settings, worker_id: str, store: JobStore,
+                 engines: dict[str, Engine], flights: Flights, drainer: Drainer,
+                 progress: ProgressPublisher) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.store = store
+        self.engines = engines
+        self.flights = flights
+        self.drainer = drainer
+        self.progress = progress
 
+    async def handle(self, sub: SubRequest) -> Outcome:
+        # Announced before the lease round trip, so the batcher waits for this sub-request
+        # (briefly) instead of starting a batch without it.
+        with self.engines[sub.model].arrival() as arrival:
+            outcome = await self._handle(sub, arrival)
+        metrics.SUBREQUESTS.labels(sub.model, outcome).inc()
+        return outcome
 
-async def _handle(rt: WorkerRuntime, sub: SubRequest, arrival: Arrival) -> str:
-    store, settings = rt.store, rt.settings
-    grant = await store.acquire_lease(sub, rt.id, settings.lease_seconds, settings.max_attempts)
-    if grant.outcome == "exhausted":
-        reason = (
-            f"sub-request {sub.index} was given up after {settings.max_attempts} attempts: "
-            "each one lost its worker (crash, out of memory or kill)"
-        )
-        await store.dead_letter(sub, reason)
-        await store.store_result(
-            sub.job_id,
-            SubResult(
-                index=sub.index,
-                worker=rt.id,
-                finished_at=time.time(),
-                error=JobError(code=DeadLettered.code, message=reason),
-            ),
-        )
-    if grant.outcome != "acquired":
-        # done, final, gone or busy: another delivery already covers this sub-request.
-        metrics.SUBREQUESTS.labels(sub.model, grant.outcome).inc()
-        return grant.outcome
+    async def _handle(self, sub: SubRequest, arrival: Arrival) -> Outcome:
+        s = self.settings
+        grant = await self.store.acquire_lease(sub, self.worker_id, s.lease_seconds,
+                                               s.max_attempts)
+        if grant.outcome != LeaseOutcome.ACQUIRED:
+            return await self._not_run(sub, grant)
+        flight = InFlight(sub, time.time() + s.subrequest_time_limit_seconds)
+        self.flights.add(flight)
+        if self.drainer.expired:  # taken after the drain deadline: straight back to the queue
+            flight.request_stop(StopReason.DRAIN)
+        try:
+            return await self._run(flight, arrival)
+        finally:
+            self.flights.remove(sub.member)
+            await self.store.release_lease(sub.member, self.worker_id)
 
-    flight = InFlight(sub, time.time() + settings.subrequest_time_limit_seconds)
-    rt.in_flight[sub.member] = flight
-    if rt.drain_expired:  # taken after the drain deadline: straight back to the queue
-        flight.request_stop("drain")
-    metrics.IN_FLIGHT.set(len(rt.in_flight))
-    try:
-        result = SubResult(index=sub.index, worker=rt.id, started_at=flight.started)
+    async def _not_run(self, sub: SubRequest, grant: LeaseGrant) -> Outcome:
+        """done, final, gone or busy: another delivery already covers this sub-request;
+        exhausted: this one is given up."""
+        if grant.outcome == LeaseOutcome.EXHAUSTED:
+            failure = dead_lettered(sub, self.settings.max_attempts, self.worker_id)
+            await self.store.dead_letter(sub, failure)
+        return Outcome(grant.outcome.value)
+
+    async def _run(self, flight: InFlight, arrival: Arrival) -> Outcome:
+        sub = flight.sub
+        result = SubResult(index=sub.index, worker=self.worker_id, started_at=flight.started)
         blob = None
         t0 = time.perf_counter()
         try:
-            out = await arrival.submit(sub.item, step_hook(rt, flight))
-            result.output, blob = _output(out)
-            outcome = "succeeded"
+            result.output, blob = _generated(
+                await arrival.submit(sub.item, self.progress.hook(flight)))
+            outcome = Outcome.SUCCEEDED
         except PipelineStopped:
-            if flight.stop_requested_at_step is not None:
-                metrics.STEPS_AFTER_STOP.labels(sub.model).observe(
-                    flight.steps - flight.stop_requested_at_step)
-            if flight.stop_reason == "canceled":
-                # The job is already final: nothing to store, the lease is released below.
-                metrics.SUBREQUESTS.labels(sub.model, "canceled").inc()
-                return "canceled"
-            if flight.stop_reason == "drain":
-                # The worker is shutting down: back to the queue for another worker, the
-                # attempt given back (services/worker/drain.py). The release below is a no-op.
-                how = await hand_back(rt, sub)
-                log.info("handed %s back (%s)", sub.member, how)
-                metrics.SUBREQUESTS.labels(sub.model, "handed_back").inc()
-                return "handed_back"
-            limit = settings.subrequest_time_limit_seconds
-            result.error = JobError(
-                code=TimeLimitExceeded.code,
-                message=f"sub-request {sub.index} ran past its {limit}s limit",
-            )
-            outcome = "time_limit"
+            outcome = await self._stopped(flight)
+            if outcome != Outcome.TIME_LIMIT:
+                return outcome
+            result = time_limit_exceeded(sub, self.settings.subrequest_time_limit_seconds,
+                                         self.worker_id, flight.started)
         except Exception as exc:  # a failing model fails its own sub-request, not the worker
             log.exception("sub-request %s failed", sub.member)
             result.error = JobError(code=ModelError.code, message=f"{type(exc).__name__}: {exc}")
-            outcome = "failed"
+            outcome = Outcome.FAILED
         metrics.PHASE_SECONDS.labels(sub.model, "subrequest").observe(time.perf_counter() - t0)
         result.finished_at = time.time()
-        written = await store.store_result(sub.job_id, result, blob)
-        if written != 1:
-            outcome = "duplicate"
-        metrics.SUBREQUESTS.labels(sub.model, outcome).inc()
+        if await self.store.store_result(sub.job_id, result, blob) != 1:
+            return Outcome.DUPLICATE
         return outcome
-    finally:
-        rt.in_flight.pop(sub.member, None)
-        metrics.IN_FLIGHT.set(len(rt.in_flight))
-        await store.release_lease(sub.member, rt.id)
+
+    async def _stopped(self, flight: InFlight) -> Outcome:
+        """A sub-request stopped at a step boundary: say why, and hand it back at a drain."""
+        if flight.stop_requested_at_step is not None:
+            metrics.STEPS_AFTER_STOP.labels(flight.sub.model).observe(
+                flight.steps - flight.stop_requested_at_step)
+        if flight.stop_reason == StopReason.CANCELED:
+            return Outcome.CANCELED  # the job is final already: nothing to store
+        if flight.stop_reason == StopReason.DRAIN:
+            # Back to the queue for another worker, its attempt given back. The lease release
+            # that follows is a no-op: the hand-back renamed its owner.
+            how = await self.drainer.hand_back(flight.sub)
+            log.info("handed %s back (%s)", flight.sub.member, how)
+            return Outcome.HANDED_BACK
+        return Outcome.TIME_LIMIT

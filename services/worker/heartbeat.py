@@ -1,18 +1,22 @@
-"""The worker's heartbeat: announce itself, renew the leases it holds, enforce time limits."""
+"""The worker's heartbeat: announce itself, renew the leases it holds, enforce time limits,
+and stop what belongs to jobs that became final."""
 
 import asyncio
 import logging
-import os
-import socket
 import time
 
-from services.worker.cancellation import stop_finished_jobs
-from services.worker.runtime import WorkerRuntime
+import redis.asyncio as aioredis
+
+from services.worker.cancellation import CancelListener
+from services.worker.exits import ExitReason, exit_worker
+from services.worker.flights import Flights
+from services.worker.identity import WorkerIdentity
 from shared.asyncio_compat import raise_if_cancelled
-from shared.errors import TimeLimitExceeded
-from shared.job import JobError
-from shared.subrequest import SubResult
-from shared.workers import WorkerInfo, announce
+from shared.failures import time_limit_exceeded
+from shared.jobstore import JobStore
+from shared.messages import StopReason, WorkerHeartbeat
+from shared.settings import Settings
+from shared.workers import announce
 
 log = logging.getLogger(__name__)
 
@@ -21,65 +25,53 @@ log = logging.getLogger(__name__)
 HARD_KILL_GRACE_SECONDS = 30.0
 
 
-async def heartbeat_loop(rt: WorkerRuntime) -> None:
-    s = rt.settings
-    while True:
-        raise_if_cancelled()
-        try:
-            await beat(rt)
-        except Exception:  # Redis may be briefly away; keep beating
-            log.exception("heartbeat failed")
-        await enforce_time_limits(rt)
-        try:
-            await stop_finished_jobs(rt)
-        except Exception:
-            log.exception("checking held jobs failed")
-        await asyncio.sleep(s.heartbeat_seconds)
+class Heartbeat:
+    def __init__(self, settings: Settings, identity: WorkerIdentity, models: list[str],
+                 redis: aioredis.Redis, store: JobStore, flights: Flights,
+                 cancels: CancelListener) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.models = models
+        self.redis = redis
+        self.store = store
+        self.flights = flights
+        self.cancels = cancels
 
+    async def run(self) -> None:
+        while True:
+            raise_if_cancelled()
+            try:
+                await self.beat()
+            except Exception:  # Redis may be briefly away; keep beating
+                log.exception("heartbeat failed")
+            await self.enforce_time_limits()
+            try:
+                await self.cancels.sweep()
+            except Exception:
+                log.exception("checking held jobs failed")
+            await asyncio.sleep(self.settings.heartbeat_seconds)
 
-async def beat(rt: WorkerRuntime) -> None:
-    s = rt.settings
-    now = time.time()
-    info = WorkerInfo(
-        id=rt.id,
-        name=rt.name,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        device=str(rt.device),
-        models=list(rt.engines),
-        in_flight=len(rt.in_flight),
-        started_at=rt.started_at,
-        seen_at=now,
-    )
-    await announce(rt.redis, info, s.worker_heartbeat_ttl_seconds)
-    await rt.store.renew_leases(list(rt.in_flight), rt.id, s.lease_seconds)
+    async def beat(self) -> None:
+        me, s = self.identity, self.settings
+        info = WorkerHeartbeat(
+            id=me.id, name=me.name, host=me.host, pid=me.pid, device=me.device,
+            models=self.models, in_flight=len(self.flights), started_at=me.started_at,
+            seen_at=time.time(),
+        )
+        await announce(self.redis, info, s.worker_heartbeat_ttl_seconds)
+        await self.store.renew_leases(self.flights.members(), me.id, s.lease_seconds)
 
-
-async def enforce_time_limits(rt: WorkerRuntime) -> None:
-    now = time.time()
-    for flight in list(rt.in_flight.values()):
-        if now > flight.deadline:
-            flight.request_stop("time_limit")
-        if now > flight.deadline + HARD_KILL_GRACE_SECONDS:
-            # Record the failure first, so the sub-request is not re-sent to kill the next worker.
-            limit = rt.settings.subrequest_time_limit_seconds
-            await rt.store.store_result(
-                flight.sub.job_id,
-                SubResult(
-                    index=flight.sub.index,
-                    worker=rt.id,
-                    started_at=flight.started,
-                    finished_at=now,
-                    error=JobError(
-                        code=TimeLimitExceeded.code,
-                        message=f"sub-request {flight.sub.index} ran past its {limit}s limit",
-                    ),
-                ),
-            )
-            log.critical(
-                "sub-request %s ignored its stop for %.0fs; exiting so the launcher "
-                "restarts this worker",
-                flight.sub.member,
-                HARD_KILL_GRACE_SECONDS,
-            )
-            os._exit(70)
+    async def enforce_time_limits(self) -> None:
+        now = time.time()
+        for flight in self.flights:
+            if now > flight.deadline:
+                flight.request_stop(StopReason.TIME_LIMIT)
+            if now > flight.deadline + HARD_KILL_GRACE_SECONDS:
+                # Record the failure first, so the sub-request is not re-sent to kill the next
+                # worker.
+                limit = self.settings.subrequest_time_limit_seconds
+                failure = time_limit_exceeded(flight.sub, limit, self.identity.id, flight.started)
+                await self.store.store_result(flight.sub.job_id, failure)
+                log.critical("sub-request %s ignored its stop for %.0fs", flight.sub.member,
+                             HARD_KILL_GRACE_SECONDS)
+                exit_worker(ExitReason.STOP_IGNORED_PAST_TIME_LIMIT)

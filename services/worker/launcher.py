@@ -2,12 +2,9 @@
 FIBERMILL_CPU_WORKERS processes where there is none, and keep them running.
 
 Each child is a fresh interpreter (never a fork), so CUDA is initialised only in the process
-that uses it. A child that dies is restarted; SIGTERM/SIGINT are passed on to every child (as
-SIGTERM), which then drain: finish what they hold (Celery's warm shutdown), and past
-FIBERMILL_DRAIN_SECONDS hand the rest back to the queue (services/worker/drain.py). The
-launcher waits for them, and kills a child still there `KILL_MARGIN_SECONDS` after its drain
-should have ended, so it always exits within the pod's grace period if that is sized as the
-README says.
+that uses it. A child that dies is restarted. SIGTERM/SIGINT are passed on to every child as
+SIGTERM, and the launcher waits for their drain (docs/architecture.md, "Drain (SIGTERM)"),
+killing a child still there `KILL_MARGIN_SECONDS` after its drain should have ended.
 """
 
 import logging

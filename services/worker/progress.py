@@ -6,33 +6,39 @@ throttled: a slow Redis never slows the device thread.
 """
 
 import asyncio
-import json
 import time
 
-from services.worker.pipelines.base import ShouldStop
-from services.worker.runtime import InFlight, WorkerRuntime
+import redis.asyncio as aioredis
+
+from services.worker.engine.batch import ShouldStop
+from services.worker.flights import InFlight
 from shared import names
-from shared.subrequest import ImageItem
+from shared.messages import ImageItem, StepData, StepEvent
 
 MIN_INTERVAL_SECONDS = 0.1
 
 
-def step_hook(rt: WorkerRuntime, flight: InFlight) -> ShouldStop:
-    sub = flight.sub
-    total = sub.item.steps if isinstance(sub.item, ImageItem) else sub.item.max_new_tokens
-    channel = names.events_channel(sub.job_id)
-    state = {"sent": 0.0}
+class ProgressPublisher:
+    def __init__(self, redis: aioredis.Redis, loop: asyncio.AbstractEventLoop) -> None:
+        self.redis = redis
+        self.loop = loop  # the runtime's loop; hooks are called from the device thread
 
-    def should_stop() -> bool:
-        flight.steps += 1
-        now = time.monotonic()
-        if now - state["sent"] >= MIN_INTERVAL_SECONDS:
-            state["sent"] = now
-            event = {"event": "step",
-                     "data": {"index": sub.index, "step": min(flight.steps, total),
-                              "steps": total}}
-            asyncio.run_coroutine_threadsafe(rt.redis.publish(channel, json.dumps(event)),
-                                             rt.loop)
-        return flight.stop.is_set()
+    def hook(self, flight: InFlight) -> ShouldStop:
+        sub = flight.sub
+        total = sub.item.steps if isinstance(sub.item, ImageItem) else sub.item.max_new_tokens
+        channel = names.events_channel(sub.job_id)
+        last_sent = 0.0
 
-    return should_stop
+        def should_stop() -> bool:
+            nonlocal last_sent
+            flight.steps += 1
+            now = time.monotonic()
+            if now - last_sent >= MIN_INTERVAL_SECONDS:
+                last_sent = now
+                event = StepEvent(data=StepData(index=sub.index, step=min(flight.steps, total),
+                                                steps=total))
+                asyncio.run_coroutine_threadsafe(self.redis.publish(channel, event.encode()),
+                                                 self.loop)
+            return flight.stop.is_set()
+
+        return should_stop

@@ -4,26 +4,42 @@ Celery's thread pool hands each sub-request to `WorkerRuntime.handle`, which run
 runtime's own asyncio loop. Each model has an engine (batcher + operator pipeline) whose model
 runs on a single-thread device executor, so a model object is never run by two threads at once
 however many sub-requests are in flight.
+
+The runtime only assembles its parts, all built in `__init__` and none importing it back:
+
+    handler (leases, run, store) -> engines, flights, drainer, progress
+    heartbeat (announce, renew, time limits) -> flights, cancel listener
+    cancel listener (stop what a final job still runs) -> flights
+    drainer (SIGTERM deadline, hand-backs) -> flights, Celery
 """
 
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
 
 import redis.asyncio as aioredis
 import torch
+from celery import Celery
 
 from services.worker import metrics
+from services.worker.cancellation import CancelListener
+from services.worker.drain import Drainer
 from services.worker.engine.engine import Engine
+from services.worker.flights import Flights
+from services.worker.handler import Handler
+from services.worker.heartbeat import Heartbeat
+from services.worker.identity import WorkerIdentity
 from services.worker.pipelines.factory import build_pipeline
+from services.worker.progress import ProgressPublisher
 from shared.jobstore import JobStore
+from shared.messages import Outcome, SubRequest
+from shared.names import queue_for
 from shared.registry import ModelRegistry, ModelSpec
 from shared.settings import Settings
-from shared.subrequest import SubRequest
+from shared.workers import withdraw
 
 log = logging.getLogger(__name__)
 
@@ -35,53 +51,36 @@ def pick_device(settings: Settings) -> torch.device:
     return torch.device("cpu")
 
 
-class InFlight:
-    """A sub-request this process holds: for lease renewal, cancellation and time limits."""
-
-    def __init__(self, sub: SubRequest, deadline: float) -> None:
-        self.sub = sub
-        self.started = time.time()
-        self.deadline = deadline
-        self.stop = threading.Event()
-        self.stop_reason: str | None = None  # "canceled", "time_limit" or "drain"
-        self.steps = 0  # step boundaries passed so far (denoise or decode steps)
-        self.stop_requested_at_step: int | None = None
-
-    def request_stop(self, reason: str) -> None:
-        """Ask the pipeline to stop at its next denoise or decode step."""
-        if not self.stop.is_set():
-            self.stop_reason = reason
-            self.stop_requested_at_step = self.steps
-            self.stop.set()
-
-
 class WorkerRuntime:
-    def __init__(self, settings: Settings, registry: ModelRegistry) -> None:
+    def __init__(self, settings: Settings, registry: ModelRegistry, celery: Celery) -> None:
         self.settings = settings
-        self.registry = registry
         served = settings.served_models or list(registry.models)
         self.specs: dict[str, ModelSpec] = {m: registry.get(m) for m in served}
         self.device = pick_device(settings)
-        self.name = settings.worker_name or f"{socket.gethostname()}-{self.device.type}"
-        self.id = f"{self.name}/{os.getpid()}"
-        self.started_at = time.time()
-        self.engines: dict[str, Engine] = {}
-        self.in_flight: dict[str, InFlight] = {}
+        name = settings.worker_name or f"{socket.gethostname()}-{self.device.type}"
+        self.identity = WorkerIdentity(name, str(self.device))
+        self.engines: dict[str, Engine] = {}  # filled by start(): loading takes a while
+        self.flights = Flights()
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="runtime-loop", daemon=True
-        )
-        self.redis: aioredis.Redis | None = None
-        self.store: JobStore | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="runtime-loop",
+                                        daemon=True)
+        # Connections are opened on first use, on the runtime loop.
+        self.redis = aioredis.Redis.from_url(settings.redis_url)
+        self.store = JobStore(self.redis, settings.finished_job_ttl_seconds)
+        self.drainer = Drainer(settings, self.id, self.store, self.flights, celery)
+        self.handler = Handler(settings, self.id, self.store, self.engines, self.flights,
+                               self.drainer, ProgressPublisher(self.redis, self.loop))
+        self.cancels = CancelListener(self.redis, self.flights)
+        self.heartbeat = Heartbeat(settings, self.identity, list(self.specs), self.redis,
+                                   self.store, self.flights, self.cancels)
         self._background: list[asyncio.Task] = []
-        self.celery = None  # the worker's Celery app (set by celery_app): drain hand-backs
-        self.draining = False  # SIGTERM seen: finishing what it holds (services/worker/drain.py)
-        self.drain_expired = False  # past FIBERMILL_DRAIN_SECONDS: handing back what is left
+
+    @property
+    def id(self) -> str:
+        return self.identity.id
 
     @property
     def queues(self) -> list[str]:
-        from shared.names import queue_for
-
         return [queue_for(m) for m in self.specs]
 
     def load_models(self) -> None:
@@ -90,29 +89,19 @@ class WorkerRuntime:
             pipeline = build_pipeline(spec, self.device)
             pipeline.setup()
             self.engines[name] = Engine(pipeline, batching=self.settings.batching)
-            metrics.MODEL_LOAD_SECONDS.labels(name).set(time.perf_counter() - t0)
-            log.info(
-                "loaded %s (%s) on %s in %.2fs",
-                name,
-                spec.kind,
-                self.device,
-                time.perf_counter() - t0,
-            )
+            seconds = time.perf_counter() - t0
+            metrics.MODEL_LOAD_SECONDS.labels(name).set(seconds)
+            log.info("loaded %s (%s) on %s in %.2fs", name, spec.kind, self.device, seconds)
 
     def start(self) -> None:
-        """Load the models, then start the loop, the heartbeat and lease renewal."""
+        """Load the models, then start the loop, the heartbeat and the cancel listener."""
         self.load_models()
         self._thread.start()
         self.call(self._start_async())
 
     async def _start_async(self) -> None:
-        from services.worker.cancellation import listen_for_cancels
-        from services.worker.heartbeat import heartbeat_loop
-
-        self.redis = aioredis.Redis.from_url(self.settings.redis_url)
-        self.store = JobStore(self.redis, self.settings.finished_job_ttl_seconds)
-        self._background.append(asyncio.create_task(heartbeat_loop(self)))
-        self._background.append(asyncio.create_task(listen_for_cancels(self)))
+        self._background.append(asyncio.create_task(self.heartbeat.run(), name="heartbeat"))
+        self._background.append(asyncio.create_task(self.cancels.run(), name="cancels"))
 
     def stop(self) -> None:
         if not self._thread.is_alive():
@@ -125,47 +114,33 @@ class WorkerRuntime:
             engine.pipeline.device_executor.shutdown(wait=False, cancel_futures=True)
 
     async def _stop_async(self) -> None:
-        from shared.workers import withdraw
-
         for t in self._background:
             t.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self.redis is not None:
-            try:
-                await withdraw(self.redis, self.id)
-            except Exception:  # Redis may already be gone; the heartbeat key expires anyway
-                log.warning("could not withdraw worker %s from Redis", self.id)
-            await self.redis.aclose()
+        try:
+            await withdraw(self.redis, self.id)
+        except Exception:  # Redis may already be gone; the heartbeat key expires anyway
+            log.warning("could not withdraw worker %s from Redis", self.id)
+        await self.redis.aclose()
 
     def begin_drain(self) -> None:
-        """SIGTERM (Celery's warm shutdown): arm the drain deadline. Called from a signal
-        handler in the main thread, so it only sets flags and wakes the loop."""
-        if self.draining or not self._thread.is_alive():
+        """SIGTERM (docs/architecture.md, "Drain (SIGTERM)"). Called from a signal handler in
+        the main thread, so it only sets a flag and wakes the loop."""
+        if self.drainer.draining or not self._thread.is_alive():
             return
-        self.draining = True
+        self.drainer.draining = True
         deadline = time.monotonic() + self.settings.drain_seconds
         with contextlib.suppress(RuntimeError):  # a closed loop has nothing left to drain
-            self.loop.call_soon_threadsafe(self._start_drain_watch, deadline)
+            self.loop.call_soon_threadsafe(self._watch_drain, deadline)
 
-    def _start_drain_watch(self, deadline: float) -> None:
-        from services.worker.drain import drain_watch
-
+    def _watch_drain(self, deadline: float) -> None:
         log.warning("draining: finishing %d sub-request(s), handing back what is left in %.0fs",
-                    len(self.in_flight), self.settings.drain_seconds)
-        self._background.append(asyncio.create_task(drain_watch(self, deadline)))
+                    len(self.flights), self.settings.drain_seconds)
+        self._background.append(asyncio.create_task(self.drainer.watch(deadline), name="drain"))
 
     def call(self, coro):
         """Run a coroutine on the runtime loop from another thread and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-    def stop_job(self, job_id: str, reason: str = "canceled") -> int:
-        """Stop every sub-request of `job_id` this process is running; returns how many."""
-        flights = [f for f in self.in_flight.values() if f.sub.job_id == job_id]
-        for f in flights:
-            f.request_stop(reason)
-        return len(flights)
-
-    def handle(self, sub: SubRequest) -> str:
-        from services.worker.handler import handle
-
-        return self.call(handle(self, sub))
+    def handle(self, sub: SubRequest) -> Outcome:
+        return self.call(self.handler.handle(sub))

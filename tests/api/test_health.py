@@ -13,8 +13,9 @@ from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.api.serve import DrainingServer
+from shared.messages import WorkerHeartbeat
 from shared.settings import get_settings
-from shared.workers import WorkerInfo, announce
+from shared.workers import announce
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def _announce_worker(redis_url: str) -> None:
     async def go():
         r = aioredis.Redis.from_url(redis_url)
         now = time.time()
-        await announce(r, WorkerInfo(id="w/1", name="w", host="h", pid=1, device="cpu",
+        await announce(r, WorkerHeartbeat(id="w/1", name="w", host="h", pid=1, device="cpu",
                                      models=["digits"], started_at=now, seen_at=now), 30)
         await r.aclose()
     asyncio.run(go())

@@ -6,8 +6,8 @@ import json
 from services.api.janitor import Janitor
 from services.api.joiner import Joiner
 from shared import names
+from shared.messages import SubRequest
 from shared.queue_depth import priority_lists
-from shared.subrequest import SubRequest
 
 
 async def _queued(aredis, model: str) -> list[SubRequest]:

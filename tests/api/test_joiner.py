@@ -5,7 +5,7 @@ import asyncio
 from services.api.joiner import Joiner
 from shared import names
 from shared.job import JobError
-from shared.subrequest import SubResult
+from shared.messages import SubResult
 
 
 async def _job(store, total=3):

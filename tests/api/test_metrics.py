@@ -13,8 +13,9 @@ from services.api.http_metrics import method_label
 from services.api.lifecycle import Lifecycle
 from shared.celery_config import PRIORITY_STEPS
 from shared.job import JobError, JobMeta, JobStatus
+from shared.messages import SubRequest, SubResult, TextItem
 from shared.registry import load_registry
-from shared.subrequest import SubRequest, SubResult, TextItem
+from tests.conftest import backlog
 from tests.promtext import label_values, parse, promtool_check, total
 
 TEXT = {"task": "text-generation", "model": "tiny-gpt2"}
@@ -187,9 +188,9 @@ async def test_success_empties_the_backlog_and_counts_once_across_replicas(store
     queue, run = _observed("fibermill_job_queue_seconds"), _observed("fibermill_job_run_seconds")
     assert (await store.acquire_lease(_sub("j1", 0), "w", 30, 3)).outcome == "acquired"
     await store.store_result("j1", _ok(0))
-    assert await store.backlog("tiny-gpt2") == 1
+    assert await backlog(store.redis, "tiny-gpt2") == 1
     await store.store_result("j1", _ok(1))
-    assert await store.backlog("tiny-gpt2") == 0
+    assert await backlog(store.redis, "tiny-gpt2") == 0
     # Both replicas' joiners see the last result at once: one finishes the job.
     outcomes = await asyncio.gather(lifecycle.settle("j1"), other.settle("j1"),
                                     lifecycle.settle("j1"))
@@ -205,9 +206,9 @@ async def test_failure_empties_the_backlog_of_sub_requests_that_never_report(sto
     finished = _finished("failed")
     await store.store_result("j1", SubResult(index=1, worker="w",
                                              error=JobError(code="model_error", message="x")))
-    assert await store.backlog("tiny-gpt2") == 2
+    assert await backlog(store.redis, "tiny-gpt2") == 2
     assert await lifecycle.settle("j1") == JobStatus.FAILED
-    assert await store.backlog("tiny-gpt2") == 0
+    assert await backlog(store.redis, "tiny-gpt2") == 0
     assert _finished("failed") - finished == 1
 
 
@@ -220,7 +221,7 @@ async def test_deadline_expiry_empties_the_backlog(store, lifecycle, dispatcher,
     assert await Janitor(store, dispatcher, lifecycle, settings).sweep() == 1
     rec = await store.get("j1")
     assert (rec.status, rec.error.code) == ("failed", "deadline_exceeded")
-    assert await store.backlog("tiny-gpt2") == 0
+    assert await backlog(store.redis, "tiny-gpt2") == 0
     assert _finished("failed") - finished == 1
 
 
@@ -235,4 +236,4 @@ async def test_dead_lettered_sub_request_leaves_the_backlog(store, lifecycle, di
         await store.claim_expired_leases()
     await store.acquire_lease(sub, "w", lease_seconds=-1, max_attempts=settings.max_attempts + 1)
     assert await Janitor(store, dispatcher, lifecycle, settings).sweep() == 1
-    assert await store.backlog("tiny-gpt2") == 0
+    assert await backlog(store.redis, "tiny-gpt2") == 0

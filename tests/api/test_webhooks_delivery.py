@@ -26,6 +26,9 @@ from shared.job import JobMeta, JobStatus
 from shared.jobstore import JobRecord, JobStore
 from shared.settings import Settings
 
+# A finished text job's output, as the joiner assembles it.
+OUTPUT = [{"text": "ok", "finish_reason": "stop", "tokens": 1, "worker": "w/1"}]
+
 HOOK_HOST = "hooks.example.test"
 
 
@@ -161,7 +164,7 @@ async def new_job(store: JobStore, url: str | None, events: list[str] | None = N
     meta = JobMeta(webhook=url, webhook_events_filter=events or ["completed"])
     await store.create(job_id, "text-generation", "tiny-gpt2", {"prompt": "hi"}, 1, meta=meta)
     if final:
-        await store.finalize(job_id, JobStatus.SUCCEEDED, [{"text": "ok"}])
+        await store.finalize(job_id, JobStatus.SUCCEEDED, OUTPUT)
     return await store.get(job_id)
 
 
@@ -207,7 +210,7 @@ async def test_completed_arrives_once_signed_with_the_job(store, receivers, outb
     assert hit.id == webhook_id(rec.id, "completed")
     assert hit.headers["content-type"] == "application/json"
     assert body["id"] == rec.id and body["status"] == "succeeded"
-    assert body["output"] == [{"text": "ok"}] and body["completed_at"]
+    assert body["output"] == OUTPUT and body["completed_at"]
     (d,) = await attempts(store, rec.id, 1)
     assert (d.webhook_id, d.event, d.attempt, d.status_code, d.error) == (
         hit.id, "completed", 1, 200, None)
@@ -412,7 +415,7 @@ async def test_stale_updates_and_gone_jobs_are_dropped(store, aredis, receivers,
     await aredis.delete(names.job_key(gone.id))
     running = await new_job(store, r.url, ["progress", "completed"], final=False)
     await ob.enqueue(running, "progress")
-    await store.finalize(running.id, JobStatus.SUCCEEDED, [{"text": "ok"}])  # before it is sent
+    await store.finalize(running.id, JobStatus.SUCCEEDED, OUTPUT)  # before it is sent
 
     outboxes(settings, "api-2")
     await eventually(lambda: counted("dropped") == dropped + 2)

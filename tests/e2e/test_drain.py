@@ -20,7 +20,7 @@ from services.devstack.processes import start_api, start_workers, stop
 from services.devstack.redis_server import free_port
 from services.worker.drain import DRAIN_STOP_GRACE_SECONDS
 from shared import names
-from shared.workers import WorkerInfo
+from shared.messages import WorkerHeartbeat
 
 pytestmark = pytest.mark.e2e
 
@@ -137,7 +137,7 @@ def _alive(pid: int) -> bool:
 
 
 def worker_of(r: redis.Redis, launcher_proc: subprocess.Popen, timeout: float = 120,
-              other_than: str | None = None) -> WorkerInfo:
+              other_than: str | None = None) -> WorkerHeartbeat:
     """The live worker process the launcher started (announced in Redis)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -146,7 +146,7 @@ def worker_of(r: redis.Redis, launcher_proc: subprocess.Popen, timeout: float = 
             raw = r.get(key)
             if raw is None:
                 continue
-            info = WorkerInfo.model_validate_json(raw)
+            info = WorkerHeartbeat.decode(raw)
             if _ppid(info.pid) == launcher_proc.pid and info.id != other_than and _alive(info.pid):
                 return info
         time.sleep(0.1)

@@ -9,9 +9,14 @@ import pytest
 from shared import names
 from shared.job import JobError, JobMeta, JobStatus
 from shared.jobstore import JobStore
-from shared.subrequest import SubResult
+from shared.messages import GeneratedText, SubResult
+from tests.conftest import backlog
 
 MODEL = "tiny-gpt2"
+
+
+def _text(text: str) -> GeneratedText:
+    return GeneratedText(text=text, finish_reason="length", tokens=1)
 
 
 async def _job(store: JobStore, job_id: str = "j1", total: int = 3, model: str = MODEL,
@@ -20,7 +25,7 @@ async def _job(store: JobStore, job_id: str = "j1", total: int = 3, model: str =
 
 
 def _ok(index: int, worker: str = "w1") -> SubResult:
-    return SubResult(index=index, output={"text": "x"}, worker=worker)
+    return SubResult(index=index, output=_text("x"), worker=worker)
 
 
 def _err(index: int) -> SubResult:
@@ -34,23 +39,23 @@ async def _members(aredis, model: str = MODEL) -> set[str]:
 async def test_a_stored_job_puts_its_sub_requests_in_its_models_backlog(store, aredis):
     await _job(store, "j1", 3)
     await _job(store, "j2", 2, model="pydoc-gpt2")
-    assert await store.backlog(MODEL) == 3
+    assert await backlog(store.redis, MODEL) == 3
     assert await _members(aredis) == {"j1:0", "j1:1", "j1:2"}
-    assert await store.backlog("pydoc-gpt2") == 2
-    assert await store.backlog("digits") == 0
+    assert await backlog(store.redis, "pydoc-gpt2") == 2
+    assert await backlog(store.redis, "digits") == 0
 
 
 async def test_each_stored_result_leaves_once_and_success_ends_at_zero(store):
     await _job(store, "j1", 3)
     assert await store.store_result("j1", _ok(0)) == 1
-    assert await store.backlog(MODEL) == 2
+    assert await backlog(store.redis, MODEL) == 2
     assert await store.store_result("j1", _ok(0, worker="w2")) == 0  # a duplicate delivery
-    assert await store.backlog(MODEL) == 2
+    assert await backlog(store.redis, MODEL) == 2
     await store.store_result("j1", _ok(1))
     await store.store_result("j1", _ok(2))
-    assert await store.backlog(MODEL) == 0
+    assert await backlog(store.redis, MODEL) == 0
     assert await store.finalize("j1", JobStatus.SUCCEEDED, [{"text": "x"}] * 3)
-    assert await store.backlog(MODEL) == 0
+    assert await backlog(store.redis, MODEL) == 0
 
 
 @pytest.mark.parametrize("status", [JobStatus.FAILED, JobStatus.CANCELED])
@@ -60,12 +65,12 @@ async def test_a_final_job_takes_all_its_outstanding_sub_requests_out(store, are
     await store.store_result("j1", _ok(0))
     if status == JobStatus.FAILED:
         await store.store_result("j1", _err(1))  # fail fast: 2 and 3 never report
-    assert await store.backlog(MODEL) == 2 + (2 if status == JobStatus.FAILED else 3)
+    assert await backlog(store.redis, MODEL) == 2 + (2 if status == JobStatus.FAILED else 3)
     assert await store.finalize("j1", status, [None] * 4)
     assert await _members(aredis) == {"other:0", "other:1"}  # another job is left alone
     # A sub-request still running when the job ended reports late: nothing comes back.
     assert await store.store_result("j1", _ok(3)) == -2
-    assert await store.backlog(MODEL) == 2
+    assert await backlog(store.redis, MODEL) == 2
 
 
 async def test_deadline_expiry_empties_the_backlog(store):
@@ -75,15 +80,15 @@ async def test_deadline_expiry_empties_the_backlog(store):
     assert await store.claim_due_deadlines() == ["j1"]
     error = JobError(code="deadline_exceeded", message="late")
     assert await store.finalize("j1", JobStatus.FAILED, [None, None], error)
-    assert await store.backlog(MODEL) == 0
+    assert await backlog(store.redis, MODEL) == 0
 
 
 async def test_big_jobs_leave_in_full(store):
     """FINALIZE removes members in chunks (Lua's unpack has a stack limit)."""
     await _job(store, "big", 1000)
-    assert await store.backlog(MODEL) == 1000
+    assert await backlog(store.redis, MODEL) == 1000
     assert await store.finalize("big", JobStatus.CANCELED, [None] * 1000)
-    assert await store.backlog(MODEL) == 0
+    assert await backlog(store.redis, MODEL) == 0
 
 
 async def test_racing_results_duplicates_and_cancel_never_leave_a_member_behind(store):
@@ -103,7 +108,7 @@ async def test_racing_results_duplicates_and_cancel_never_leave_a_member_behind(
             return await write
 
     await asyncio.gather(*(run(w) for w in writes))
-    assert await store.backlog(MODEL) == 0
+    assert await backlog(store.redis, MODEL) == 0
 
 
 async def test_a_finished_job_expiring_or_gone_leaves_nothing(store, aredis):
@@ -111,4 +116,4 @@ async def test_a_finished_job_expiring_or_gone_leaves_nothing(store, aredis):
     await store.finalize("j1", JobStatus.CANCELED, [None, None])
     await aredis.delete(names.job_key("j1"))  # the TTL ran out
     assert await store.store_result("j1", _ok(0)) == -1
-    assert await store.backlog(MODEL) == 0
+    assert await backlog(store.redis, MODEL) == 0

@@ -8,9 +8,13 @@ from shared import names
 from shared.errors import JobNotFound
 from shared.job import JobStatus
 from shared.jobstore import JobStore
-from shared.subrequest import SubRequest, SubResult, TextItem
+from shared.messages import GeneratedText, SubRequest, SubResult, TextItem
 
 FINALS = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED]
+
+
+def _text(text: str) -> GeneratedText:
+    return GeneratedText(text=text, finish_reason="length", tokens=1)
 
 
 async def _job(store: JobStore, job_id: str = "j1", total: int = 3):
@@ -30,21 +34,24 @@ async def test_create_and_read_back(store):
         await store.get("nope")
 
 
-async def test_transition_only_from_allowed(store):
+async def test_the_first_lease_starts_the_job_once(store):
     await _job(store)
-    assert not await store.transition("j1", JobStatus.SUCCEEDED, [JobStatus.RUNNING])
-    assert await store.transition("j1", JobStatus.RUNNING, [JobStatus.QUEUED], "started_at")
+    await store.acquire_lease(_sub(index=0), "w1", 30, 3)
+    started = (await store.get("j1")).started_at
+    await store.acquire_lease(_sub(index=1), "w2", 30, 3)
     rec = await store.get("j1")
-    assert rec.status == JobStatus.RUNNING and rec.started_at is not None
+    assert rec.status == JobStatus.RUNNING and rec.started_at == started is not None
 
 
 @pytest.mark.parametrize("final", FINALS)
 async def test_final_state_is_never_left(store, final):
     await _job(store)
     assert await store.finalize("j1", final, [None, None, None])
-    for to in JobStatus:
-        assert not await store.transition("j1", to, list(JobStatus))
-    assert not await store.finalize("j1", JobStatus.SUCCEEDED, [{"text": "x"}])
+    # Every script that changes a job refuses a final one.
+    assert (await store.acquire_lease(_sub(), "w1", 30, 3)).outcome == "final"
+    assert await store.store_result("j1", SubResult(index=0, output=None)) == -2
+    for to in FINALS:
+        assert not await store.finalize("j1", to, [{"text": "x"}])
     rec = await store.get("j1")
     assert rec.status == final and rec.output == [None, None, None]
 
@@ -59,7 +66,7 @@ async def test_concurrent_finalize_has_one_winner(store):
 
 async def test_finished_job_gets_ttl(store, aredis):
     await _job(store)
-    await store.store_result("j1", SubResult(index=0, output={"text": "x"}))
+    await store.store_result("j1", SubResult(index=0, output=_text("x")))
     await store.finalize("j1", JobStatus.SUCCEEDED, [{"text": "x"}])
     for key in (names.job_key("j1"), names.results_key("j1")):
         assert 0 < await aredis.ttl(key) <= 3600
@@ -70,7 +77,7 @@ async def test_concurrent_duplicate_results_are_written_once(store, aredis):
     writes = []
     for index in range(4):
         for copy in range(10):  # ten deliveries of each index, with different payloads
-            r = SubResult(index=index, output={"text": f"{index}-{copy}"}, worker=f"w{copy}")
+            r = SubResult(index=index, output=_text(f"{index}-{copy}"), worker=f"w{copy}")
             writes.append(store.store_result("j1", r, blob=f"png{index}-{copy}".encode()))
     outcomes = await asyncio.gather(*writes)
     assert outcomes.count(1) == 4 and outcomes.count(0) == 36
@@ -78,7 +85,7 @@ async def test_concurrent_duplicate_results_are_written_once(store, aredis):
     assert sorted(results) == [0, 1, 2, 3]
     for index, r in results.items():
         copy = r.worker[1:]
-        assert r.output == {"text": f"{index}-{copy}"}
+        assert r.output == _text(f"{index}-{copy}")
         assert await store.blob("j1", index) == f"png{index}-{copy}".encode()
     assert (await store.get("j1")).done == 4
     assert await aredis.xlen(names.COMPLETIONS_STREAM) == 4  # one completion per index
@@ -87,7 +94,7 @@ async def test_concurrent_duplicate_results_are_written_once(store, aredis):
 async def test_result_refused_once_job_is_final(store):
     await _job(store)
     await store.finalize("j1", JobStatus.CANCELED, [None, None, None])
-    assert await store.store_result("j1", SubResult(index=0, output={"text": "late"})) == -2
+    assert await store.store_result("j1", SubResult(index=0, output=_text("late"))) == -2
     assert await store.results("j1") == {}
 
 
@@ -101,7 +108,7 @@ async def test_lease_lifecycle(store):
     assert (await store.acquire_lease(sub, "w2", 30, 3)).outcome == "busy"
     assert await store.renew_leases([sub.member], "w1", 30) == 1
     assert await store.renew_leases([sub.member], "w2", 30) == 0
-    await store.store_result("j1", SubResult(index=0, output={"text": "x"}, worker="w1"))
+    await store.store_result("j1", SubResult(index=0, output=_text("x"), worker="w1"))
     assert (await store.acquire_lease(sub, "w2", 30, 3)).outcome == "done"
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 from services.worker.modelbuild import digits
 from services.worker.pipelines.stopped import PipelineStopped
 from shared.errors import InvalidInput
-from shared.subrequest import ImageItem
+from shared.messages import ImageItem
 
 DIGITS_DIR = Path(__file__).resolve().parents[2] / "models" / "digits"
 

@@ -10,12 +10,15 @@ import time
 import pytest
 
 from services.worker import drain
-from services.worker.runtime import InFlight, WorkerRuntime
+from services.worker import exits as exits_module
+from services.worker.exits import ExitReason
+from services.worker.flights import InFlight
+from services.worker.runtime import WorkerRuntime
 from shared import names
 from shared.celery_config import make_celery
+from shared.messages import SubRequest, TextItem
 from shared.registry import load_registry
 from shared.settings import Settings
-from shared.subrequest import SubRequest, TextItem
 from tests.conftest import queued
 
 JOB = "jd"
@@ -26,13 +29,13 @@ def runtime(redis_url, model_dir):
     settings = Settings(redis_url=redis_url, model_registry=model_dir / "registry.yaml",
                         worker_models="tiny-gpt2", drain_seconds=0.5, heartbeat_seconds=0.2,
                         lease_seconds=2, max_attempts=2)
-    rt = WorkerRuntime(settings, load_registry(settings.model_registry))
-    rt.celery = make_celery(settings)
+    celery = make_celery(settings)
+    rt = WorkerRuntime(settings, load_registry(settings.model_registry), celery)
     rt.start()
     rt.call(rt.store.create(JOB, "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]}, 2))
     yield rt
     rt.stop()
-    rt.celery.close()
+    celery.close()
 
 
 def _sub(index=0, tokens=3) -> SubRequest:
@@ -45,7 +48,7 @@ def _in_background(rt: WorkerRuntime, sub: SubRequest) -> dict:
     t = threading.Thread(target=lambda: out.setdefault("outcome", rt.handle(sub)))
     t.start()
     deadline = time.monotonic() + 30
-    while sub.member not in rt.in_flight:
+    while sub.member not in rt.flights:
         assert time.monotonic() < deadline, "the sub-request never started"
         time.sleep(0.01)
     out["thread"] = t
@@ -64,7 +67,7 @@ def test_past_the_deadline_a_sub_request_goes_back_to_its_queue(runtime, redis_u
     running["thread"].join(10)
     assert running["outcome"] == "handed_back"
     assert 0.5 <= time.monotonic() - t0 < 5
-    assert runtime.in_flight == {}
+    assert len(runtime.flights) == 0
     assert _leases(runtime) == ([], {})  # released
     assert runtime.call(runtime.store.attempts(JOB, 0)) == 0  # a drain is not a lost worker
     assert runtime.call(runtime.store.results(JOB)) == {}
@@ -85,7 +88,7 @@ def test_what_ends_within_the_drain_is_stored(runtime, redis_url):
 
 
 def test_taken_after_the_deadline_goes_straight_back(runtime, redis_url):
-    runtime.drain_expired = True
+    runtime.drainer.expired = True
     assert runtime.handle(_sub(index=1, tokens=100_000)) == "handed_back"
     assert queued(redis_url, "tiny-gpt2") == 1
     assert runtime.call(runtime.store.attempts(JOB, 1)) == 0
@@ -94,7 +97,7 @@ def test_taken_after_the_deadline_goes_straight_back(runtime, redis_url):
 def test_a_lease_the_janitor_took_is_not_sent_again(runtime, redis_url):
     sub = _sub()
     runtime.call(runtime.store.acquire_lease(sub, "someone-else", 10, 3))
-    assert runtime.call(drain.hand_back(runtime, sub)) == "lost_lease"
+    assert runtime.call(runtime.drainer.hand_back(sub)) == "lost_lease"
     assert queued(redis_url, "tiny-gpt2") == 0
     assert runtime.call(runtime.store.attempts(JOB, 0)) == 1  # not ours to give back
 
@@ -102,13 +105,13 @@ def test_a_lease_the_janitor_took_is_not_sent_again(runtime, redis_url):
 def test_a_sub_request_that_ignores_its_stop_is_left_to_the_janitor(runtime, monkeypatch):
     monkeypatch.setattr(drain, "DRAIN_STOP_GRACE_SECONDS", 0.2)
     exits = []
-    monkeypatch.setattr(drain.os, "_exit", exits.append)
+    monkeypatch.setattr(exits_module.os, "_exit", exits.append)
     sub = _sub()
     assert runtime.call(runtime.store.acquire_lease(sub, runtime.id, 10, 3)).outcome == "acquired"
-    runtime.in_flight[sub.member] = InFlight(sub, time.time() + 60)  # nothing will stop it
-    runtime.call(drain.drain_watch(runtime, time.monotonic()))
-    assert exits == [drain.FORCED_EXIT_CODE]
-    assert runtime.in_flight == {}
+    runtime.flights.add(InFlight(sub, time.time() + 60))  # nothing will stop it
+    runtime.call(runtime.drainer.watch(time.monotonic()))
+    assert exits == [ExitReason.STOP_IGNORED_IN_DRAIN]
+    assert len(runtime.flights) == 0
     # The lease is expired (the janitor re-sends it at once), renamed (no renewal revives it),
     # and its attempt given back.
     assert runtime.call(runtime.redis.zscore(names.LEASES, sub.member)) == 0

@@ -7,10 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from services.worker.runtime import WorkerRuntime
+from shared.celery_config import make_celery
 from shared.jobstore import JobStore
+from shared.messages import SubRequest, TextItem
 from shared.registry import load_registry
 from shared.settings import Settings
-from shared.subrequest import SubRequest, TextItem
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +20,12 @@ def runtime(redis_server, model_dir):
                         worker_models="tiny-gpt2,broken-gpt2", max_attempts=2,
                         subrequest_time_limit_seconds=1, visibility_timeout_seconds=10,
                         heartbeat_seconds=0.2, lease_seconds=2)
-    rt = WorkerRuntime(settings, load_registry(settings.model_registry))
+    celery = make_celery(settings)
+    rt = WorkerRuntime(settings, load_registry(settings.model_registry), celery)
     rt.start()
     yield rt
     rt.stop()
+    celery.close()
 
 
 def _sub(index=0, model="tiny-gpt2", **item) -> SubRequest:
@@ -48,10 +51,10 @@ def test_runs_once_and_skips_a_duplicate(runtime, job):
     job()
     assert runtime.handle(_sub()) == "succeeded"
     first = _results(runtime)[0]
-    assert first.output["tokens"] == 3 and first.worker == runtime.id
+    assert first.output.tokens == 3 and first.worker == runtime.id
     assert runtime.handle(_sub()) == "done"
     assert _results(runtime)[0] == first
-    assert runtime.in_flight == {}
+    assert len(runtime.flights) == 0
 
 
 def test_concurrent_deliveries_run_the_model_once(runtime, job):
@@ -72,10 +75,20 @@ def test_model_error_is_stored_and_worker_goes_on(runtime, job):
 
 def test_time_limit_stops_a_long_run(runtime, job):
     job()
-    t0 = time.time()
-    assert runtime.handle(_sub(max_new_tokens=100_000)) == "time_limit"
-    assert time.time() - t0 < 10
-    assert _results(runtime)[0].error.code == "time_limit_exceeded"
+    sub = _sub(max_new_tokens=100_000)
+    with ThreadPoolExecutor(1) as pool:
+        outcome = pool.submit(runtime.handle, sub)
+        deadline = time.monotonic() + 30
+        while sub.member not in runtime.flights:  # leased: its clock runs
+            assert time.monotonic() < deadline and not outcome.done(), "it never started"
+            time.sleep(0.001)
+        # Past its limit at the heartbeat's next check, whatever this machine's speed: the
+        # tiny model writes its 1,021 tokens in well under the 1 s limit.
+        next(iter(runtime.flights)).deadline = time.time() - 1
+        runtime.call(runtime.heartbeat.enforce_time_limits())
+        assert outcome.result(timeout=10) == "time_limit"
+    result = _results(runtime)[0]
+    assert result.error.code == "time_limit_exceeded" and "1s limit" in result.error.message
 
 
 def test_exhausted_attempts_are_dead_lettered(runtime, job):

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from services.worker import metrics
 from services.worker.engine import sync
 from services.worker.pipelines.stopped import PipelineStopped
-from shared.subrequest import ImageItem
+from shared.messages import ImageItem
 
 PHASES = ["prepare", "encode", "denoise", "decode", "to_host", "png", "collect"]
 

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from services.worker.pipelines.stopped import PipelineStopped
-from shared.subrequest import ImageItem
+from shared.messages import ImageItem
 
 KINDS = ["sd_pipeline", "sdxl_pipeline"]
 

@@ -11,8 +11,8 @@ from transformers import GPT2LMHeadModel
 
 from services.worker.modelbuild import pydoc_gpt2
 from services.worker.pipelines.text import CausalLMTextPipeline
+from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
-from shared.subrequest import TextItem
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "pydoc-gpt2"
 

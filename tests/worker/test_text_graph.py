@@ -14,8 +14,8 @@ from services.worker.engine.batch import Batch
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
 from services.worker.pipelines.text_operators import POLL_EVERY
+from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
-from shared.subrequest import TextItem
 from tests.worker.text_reference import alone, greedy_ids
 
 MODEL = "tiny-gpt2-graph"  # a name of its own, so no other test moves its counters

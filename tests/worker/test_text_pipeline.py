@@ -7,8 +7,8 @@ import torch
 
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
+from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
-from shared.subrequest import TextItem
 from tests.worker.text_reference import alone, greedy_ids
 
 # Different lengths, so a batch of them is left-padded.

@@ -3,7 +3,7 @@
 import torch
 
 from services.worker.pipelines.text import CausalLMTextPipeline
-from shared.subrequest import TextItem
+from shared.messages import TextItem
 
 
 def greedy_ids(pipe: CausalLMTextPipeline, prompt: str, n: int) -> list[int]:

@@ -1,7 +1,6 @@
 """/v1/jobs: create, read, cancel, stream events, fetch outputs."""
 
 import json
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
@@ -9,29 +8,21 @@ from sse_starlette import EventSourceResponse
 
 from services.api.auth import PrincipalDep, authenticate
 from services.api.deps import (
-    DispatcherDep,
     JobDep,
     JobStoreDep,
     LifecycleDep,
+    PreferWaitDep,
     RateLimiterDep,
     RedisDep,
-    RegistryDep,
     SettingsDep,
+    SubmissionsDep,
 )
 from services.api.envelope import envelope
-from services.api.events import job_events, wait_final
-from services.api.submission import submit
+from services.api.events import job_events
 from shared.errors import OutputNotFound
 from shared.job import Job, JobList, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authenticate)])
-_PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+)")
-
-
-def _prefer_wait(prefer: str | None, limit: int) -> int | None:
-    """RFC 7240 `Prefer: wait=N`, capped at the server's limit."""
-    m = _PREFER_WAIT.search(prefer or "")
-    return min(int(m.group(1)), limit) if m else None
 
 
 @router.post(
@@ -45,23 +36,14 @@ async def create_job(
     response: Response,
     principal: PrincipalDep,
     limiter: RateLimiterDep,
-    redis: RedisDep,
-    store: JobStoreDep,
-    registry: RegistryDep,
-    dispatcher: DispatcherDep,
+    submissions: SubmissionsDep,
+    prefer_wait: PreferWaitDep,
     settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header()] = None,
-    prefer: Annotated[str | None, Header()] = None,
 ) -> Job:
     await limiter.check(principal)
-    done = await submit(
-        req, principal, idempotency_key, redis, store, registry, dispatcher, settings
-    )
-    rec = done.job
-    wait = _prefer_wait(prefer, settings.max_wait_seconds)
-    if wait is not None:
-        response.headers["Preference-Applied"] = f"wait={wait}"
-        rec = await wait_final(redis, store, rec.id, wait)
+    done = await submissions.submit(req, principal, idempotency_key)
+    rec = await prefer_wait.apply(done.job, response)
     if rec.final or not done.created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{rec.id}"

@@ -37,14 +37,16 @@ from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import JobNotFound
 from shared.job import WebhookDelivery, WebhookEvent
 from shared.jobstore import JobRecord, JobStore
+from shared.lua import WEBHOOK_ENQUEUE, WEBHOOK_RELEASE, WEBHOOK_SETTLE, WEBHOOK_TAKE
+from shared.names import (
+    WEBHOOKS_DUE_COMPLETED,
+    WEBHOOKS_DUE_UPDATES,
+    webhook_delivery_key,
+    webhook_throttle_key,
+)
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
-
-DUE_COMPLETED = "fm:webhooks:due:completed"
-DUE_UPDATES = "fm:webhooks:due:updates"  # start and progress
-DELIVERY_PREFIX = "fm:webhooks:delivery:"
-THROTTLE_PREFIX = "fm:webhooks:throttle:"
 
 BEST_EFFORT_ATTEMPTS = 2
 BEST_EFFORT_RETRY_SECONDS = 1.0
@@ -54,51 +56,6 @@ LEASE_MARGIN_SECONDS = 30.0  # beyond the bounded send: reading the job, recordi
 
 Outcome = Literal["delivered", "failed", "dropped"]
 
-# KEYS: due zset, delivery hash. ARGV: id, job, event, now, ttl.
-_ENQUEUE = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('HSET', KEYS[2], 'job', ARGV[2], 'event', ARGV[3], 'attempt', 0,
-           'first_at', ARGV[4], 'state', 'pending')
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
-return 1
-"""
-
-# KEYS: due zset, delivery hash. ARGV: id, now, lease until, consumer.
-_TAKE = """
-local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not due or tonumber(due) > tonumber(ARGV[2]) then return false end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  return false
-end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-local attempt = redis.call('HINCRBY', KEYS[2], 'attempt', 1)
-redis.call('HSET', KEYS[2], 'owner', ARGV[4])
-local h = redis.call('HMGET', KEYS[2], 'job', 'event', 'first_at')
-return {attempt, h[1], h[2], h[3]}
-"""
-
-# KEYS: due zset, delivery hash. ARGV: id, attempt, next due time or '' when done, state.
-_SETTLE = """
-if redis.call('HGET', KEYS[2], 'attempt') ~= ARGV[2] then return 0 end
-if ARGV[3] == '' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HSET', KEYS[2], 'state', ARGV[4])
-else
-  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-end
-return 1
-"""
-
-# KEYS: due zset, delivery hash. ARGV: id, attempt, now. Hands an interrupted claim back.
-_RELEASE = """
-if redis.call('HGET', KEYS[2], 'attempt') ~= ARGV[2] then return 0 end
-redis.call('HINCRBY', KEYS[2], 'attempt', -1)
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-return 1
-"""
-
 
 def webhook_id(job_id: str, event: WebhookEvent, seq: int | None = None) -> str:
     """The `webhook-id` header: the same for every attempt, and for every replica."""
@@ -106,7 +63,7 @@ def webhook_id(job_id: str, event: WebhookEvent, seq: int | None = None) -> str:
 
 
 def due_key(event: WebhookEvent) -> str:
-    return DUE_COMPLETED if event == "completed" else DUE_UPDATES
+    return WEBHOOKS_DUE_COMPLETED if event == "completed" else WEBHOOKS_DUE_UPDATES
 
 
 @dataclass(frozen=True)
@@ -123,7 +80,7 @@ class Claim:
 
     @property
     def keys(self) -> list[str]:
-        return [due_key(self.event), DELIVERY_PREFIX + self.id]
+        return [due_key(self.event), webhook_delivery_key(self.id)]
 
 
 class Outbox:
@@ -148,7 +105,10 @@ class Outbox:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.poll_interval = poll_interval
-        self.limits = {DUE_COMPLETED: max_in_flight, DUE_UPDATES: max_updates_in_flight}
+        self.limits = {
+            WEBHOOKS_DUE_COMPLETED: max_in_flight,
+            WEBHOOKS_DUE_UPDATES: max_updates_in_flight,
+        }
         self.verify = verify
         self.signer = Signer(settings.webhook_secret)  # a bad secret fails at startup
         self.lease_seconds = settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS
@@ -158,12 +118,15 @@ class Outbox:
             store.finished_ttl,
             settings.webhook_retry_total_seconds + 2 * self.lease_seconds,
         ))
-        self._enqueue = redis.register_script(_ENQUEUE)
-        self._take = redis.register_script(_TAKE)
-        self._settle = redis.register_script(_SETTLE)
-        self._release = redis.register_script(_RELEASE)
+        self._enqueue = redis.register_script(WEBHOOK_ENQUEUE)
+        self._take = redis.register_script(WEBHOOK_TAKE)
+        self._settle = redis.register_script(WEBHOOK_SETTLE)
+        self._release = redis.register_script(WEBHOOK_RELEASE)
         self._wake = asyncio.Event()
-        self._busy: dict[str, set[asyncio.Task[None]]] = {DUE_COMPLETED: set(), DUE_UPDATES: set()}
+        self._busy: dict[str, set[asyncio.Task[None]]] = {
+            WEBHOOKS_DUE_COMPLETED: set(),
+            WEBHOOKS_DUE_UPDATES: set(),
+        }
 
     # Enqueue -------------------------------------------------------------------------------
 
@@ -175,7 +138,7 @@ class Outbox:
             interval_ms = int(self.settings.webhook_progress_interval_seconds * 1000)
             # One progress webhook per job per interval, across all replicas.
             if interval_ms > 0 and not await self.redis.set(
-                THROTTLE_PREFIX + rec.id, 1, nx=True, px=interval_ms
+                webhook_throttle_key(rec.id), 1, nx=True, px=interval_ms
             ):
                 return
             wid, ttl = webhook_id(rec.id, event, rec.done), BEST_EFFORT_TTL_SECONDS
@@ -184,7 +147,7 @@ class Outbox:
         else:
             wid, ttl = webhook_id(rec.id, event), self.completed_ttl
         added = await self._enqueue(
-            keys=[due_key(event), DELIVERY_PREFIX + wid],
+            keys=[due_key(event), webhook_delivery_key(wid)],
             args=[wid, rec.id, event, repr(time.time()), ttl],
         )
         if added:
@@ -203,7 +166,7 @@ class Outbox:
             while True:
                 raise_if_cancelled()
                 try:
-                    for queue in (DUE_COMPLETED, DUE_UPDATES):
+                    for queue in (WEBHOOKS_DUE_COMPLETED, WEBHOOKS_DUE_UPDATES):
                         await self._dispatch(queue, sender)
                 except asyncio.CancelledError:
                     raise
@@ -250,7 +213,7 @@ class Outbox:
             # Another replica may take it between the range and here: TAKE re-checks the due
             # time, so only one of them gets it.
             row = await self._take(
-                keys=[queue, DELIVERY_PREFIX + wid],
+                keys=[queue, webhook_delivery_key(wid)],
                 args=[wid, repr(now), repr(now + self.lease_seconds), self.consumer],
             )
             if row:

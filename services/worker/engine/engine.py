@@ -14,7 +14,7 @@ from services.worker.engine.batch import Batch, ShouldStop
 from services.worker.engine.batcher import Batcher, Pending
 from services.worker.pipelines.base import ImageResult, Pipeline, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
-from shared.subrequest import ImageItem, TextItem
+from shared.messages import ImageItem, TextItem
 
 
 class Arrival:

@@ -8,7 +8,6 @@ A route out of an operator is one of
 - `END`: the walk is over and this output is the result.
 """
 
-import itertools
 from dataclasses import dataclass
 
 from shared.errors import GraphError
@@ -63,12 +62,3 @@ class Router:
                 names.add(route)
         return names - {END, JOIN}
 
-
-class LinearRouter(Router):
-    """START -> first -> ... -> last -> END."""
-
-    def __init__(self, names: list[str]) -> None:
-        if not names:
-            raise GraphError("a linear router needs at least one operator")
-        chain = [START, *names, END]
-        super().__init__({a: b for a, b in itertools.pairwise(chain)})

@@ -173,8 +173,8 @@ def sample(
     """(N, 16, 16) uint8 samples through the service's own image pipeline."""
     # Imported here so that training does not need the worker's pipeline stack.
     from services.worker.pipelines.image import ClassDDPMImagePipeline
+    from shared.messages import ImageItem
     from shared.registry import ModelSpec
-    from shared.subrequest import ImageItem
 
     spec = ModelSpec(name="digits", kind="class-ddpm", path=Path(model_dir), classes=CLASSES)
     pipeline = ClassDDPMImagePipeline(spec, torch.device("cpu"))

@@ -271,8 +271,8 @@ def samples(model_dir: Path, prompts=PROMPTS, max_new_tokens: int = 24) -> list[
     """Greedy continuations through the service's own text pipeline."""
     # Imported here so that training does not need the worker's pipeline stack.
     from services.worker.pipelines.text import CausalLMTextPipeline
+    from shared.messages import TextItem
     from shared.registry import ModelSpec
-    from shared.subrequest import TextItem
 
     spec = ModelSpec(name="pydoc-gpt2", kind="causal-lm", path=Path(model_dir))
     pipeline = CausalLMTextPipeline(spec, torch.device("cpu"))

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -19,8 +19,8 @@ from services.worker.engine.batch import Batch, ShouldStop
 from services.worker.engine.buffers import BucketKey, BufferPool
 from services.worker.engine.graph import Graph
 from services.worker.engine.scheduler import Scheduler, cpu_executor
+from shared.messages import FinishReason, ImageItem, TextItem
 from shared.registry import ModelSpec
-from shared.subrequest import ImageItem, TextItem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -30,7 +30,7 @@ __all__ = ["DTYPES", "ImageResult", "Pipeline", "ShouldStop", "TextResult"]
 @dataclass
 class TextResult:
     text: str
-    finish_reason: Literal["stop", "length", "canceled"]
+    finish_reason: FinishReason
     tokens: int  # number of generated tokens
 
 

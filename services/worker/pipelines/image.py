@@ -45,7 +45,7 @@ from services.worker.pipelines.image_operators import (
     to_device,
 )
 from shared.class_prompts import resolve_class
-from shared.subrequest import ImageItem
+from shared.messages import ImageItem
 
 
 class _ImagePipeline(Pipeline):

@@ -39,7 +39,7 @@ from services.worker.engine.graph import Graph
 from services.worker.engine.operator import Operator
 from services.worker.engine.router import END, JOIN, START, Router, Split
 from services.worker.pipelines.base import ImageResult
-from shared.subrequest import ImageItem
+from shared.messages import ImageItem
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin

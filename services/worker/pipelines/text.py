@@ -33,7 +33,7 @@ from services.worker.pipelines.text_operators import (
     Tokenize,
     Uploads,
 )
-from shared.subrequest import TextItem
+from shared.messages import TextItem
 
 MIN_CACHE_LEN = 32
 # The pooled cache length is sized for a prompt of this many tokens plus the default budget.

@@ -13,7 +13,7 @@ stop strings are found on the host, after the one copy of the token matrix.
 """
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,7 +22,7 @@ from services.worker.engine.batch import Batch
 from services.worker.engine.buffers import BufferSet, capacity
 from services.worker.engine.operator import Operator
 from services.worker.pipelines.base import TextResult
-from shared.subrequest import TextItem
+from shared.messages import FinishReason, TextItem
 
 if TYPE_CHECKING:
     from services.worker.pipelines.text import CausalLMTextPipeline
@@ -280,7 +280,8 @@ class Detokenize(_TextOperator):
             raise RuntimeError("the decode loop ended before this item finished")
         # Asked to stop before it finished: what it had so far.
         return TextResult(
-            text=self.pipeline.decode(seq.generated), finish_reason="canceled", tokens=seq.tokens
+            text=self.pipeline.decode(seq.generated), finish_reason=FinishReason.CANCELED,
+            tokens=seq.tokens,
         )
 
 
@@ -352,7 +353,7 @@ class Sequence:
     budget: int
     generated: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
 
     @property
     def tokens(self) -> int:
@@ -362,7 +363,7 @@ class Sequence:
         """Record a generated token; True when the item is finished."""
         self.generated.append(token)
         if token in pipeline.eos_ids:
-            return self._finish("stop", pipeline.decode(self.generated[:-1]))
+            return self._finish(FinishReason.STOP, pipeline.decode(self.generated[:-1]))
         text = None
         if self.item.stop:
             # Decode the whole continuation: a stop string may span tokens, and a token may
@@ -370,12 +371,14 @@ class Sequence:
             text = pipeline.decode(self.generated)
             cut = min((i for s in self.item.stop if (i := text.find(s)) >= 0), default=-1)
             if cut >= 0:
-                return self._finish("stop", text[:cut])
+                return self._finish(FinishReason.STOP, text[:cut])
         if self.tokens >= self.budget:
-            return self._finish("length", pipeline.decode(self.generated) if text is None else text)
+            if text is None:
+                text = pipeline.decode(self.generated)
+            return self._finish(FinishReason.LENGTH, text)
         return False
 
-    def _finish(self, reason: Literal["stop", "length"], text: str) -> bool:
+    def _finish(self, reason: FinishReason, text: str) -> bool:
         self.finish_reason = reason
         self.text = text
         return True

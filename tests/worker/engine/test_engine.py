@@ -20,8 +20,8 @@ from services.worker.engine.operator import Operator
 from services.worker.pipelines.image import StableDiffusionImagePipeline
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
+from shared.messages import ImageItem, TextItem
 from shared.registry import ModelSpec
-from shared.subrequest import ImageItem, TextItem
 
 CPU = torch.device("cpu")
 THREADS = 8

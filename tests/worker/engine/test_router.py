@@ -1,6 +1,7 @@
 """Routers and the scheduler's walk: linear chains, branches, SPLIT/JOIN ordering."""
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -11,7 +12,7 @@ import pytest
 from services.worker.engine.batch import Batch
 from services.worker.engine.graph import Graph
 from services.worker.engine.operator import Operator
-from services.worker.engine.router import END, JOIN, START, Branch, LinearRouter, Router, Split
+from services.worker.engine.router import END, JOIN, START, Branch, Router, Split
 from services.worker.engine.scheduler import Scheduler
 from shared.errors import GraphError
 
@@ -35,6 +36,11 @@ class Fn(Operator):
         return self.fn(value)
 
 
+def linear(*names):
+    """A router for START -> first -> ... -> last -> END."""
+    return Router(dict(itertools.pairwise([START, *names, END])))
+
+
 @pytest.fixture(scope="module")
 def scheduler():
     device = ThreadPoolExecutor(1, thread_name_prefix="device")
@@ -53,14 +59,14 @@ def run(scheduler, graph, value):
 
 def test_linear_chain_runs_in_order(scheduler):
     ops = [Fn("a", lambda x: [*x, 1]), Fn("b", lambda x: [*x, 2]), Fn("c", lambda x: [*x, 3])]
-    graph = Graph(ops, LinearRouter(["a", "b", "c"]))
+    graph = Graph(ops, linear("a", "b", "c"))
     assert run(scheduler, graph, []) == [1, 2, 3]
 
 
 def test_device_operators_run_on_the_device_thread_only(scheduler):
     dev = Fn("dev", lambda x: x, executor="device")
     host = Fn("host", lambda x: x, executor="cpu")
-    graph = Graph([host, dev], LinearRouter(["host", "dev"]))
+    graph = Graph([host, dev], linear("host", "dev"))
     for i in range(5):
         run(scheduler, graph, i)
     assert {thread for _, thread in dev.calls} == {"device_0"}
@@ -141,19 +147,19 @@ def test_a_failing_element_fails_the_split(scheduler):
 def test_wrong_input_type_is_caught_at_the_operator(scheduler):
     ops = [Fn("a", lambda x: str(x)), Fn("b", lambda x: x, input_type=int)]
     with pytest.raises(GraphError, match="b takes"):
-        run(scheduler, Graph(ops, LinearRouter(["a", "b"])), 1)
+        run(scheduler, Graph(ops, linear("a", "b")), 1)
 
 
 def test_every_operator_is_timed(scheduler):
     scheduler.phases.clear()
     ops = [Fn("x", lambda v: v), Fn("y", lambda v: v)]
-    run(scheduler, Graph(ops, LinearRouter(["x", "y"])), 0)
+    run(scheduler, Graph(ops, linear("x", "y")), 0)
     assert scheduler.phases == ["x", "y"]
 
 
 def test_graph_refuses_routes_to_unknown_operators():
     with pytest.raises(GraphError, match="unknown"):
-        Graph([Fn("a", lambda x: x)], LinearRouter(["a", "missing"]))
+        Graph([Fn("a", lambda x: x)], linear("a", "missing"))
     with pytest.raises(GraphError, match="START"):
         Router({"a": END})
 

@@ -1,0 +1,254 @@
+"""Every message that crosses a process boundary, and its one encoding (JSON).
+
+| message | from | through | to |
+|---|---|---|---|
+| `SubRequest` | API, janitor, draining worker | Celery queue | worker |
+| `SubResult` | worker, janitor | Redis results hash | API (joiner, outputs) |
+| `CompletionEntry` | Lua scripts (shared/lua.py) | Redis stream `fm:completions` | joiner |
+| `LiveEvent` | API, worker | per-job pub/sub channel | SSE, `Prefer: wait` |
+| `CancelNotice` | API | pub/sub `fm:cancel` | workers |
+| `WorkerHeartbeat` | worker | Redis key with a TTL | API (`/readyz`, `/v1/models`) |
+| `DeadLetter` | worker, janitor | Redis list `fm:deadletter` | an operator |
+
+Each is encoded with `encode()` and read back with `decode()` (a union with `decode_event`);
+nothing else in the code builds or parses these payloads by hand. A message carries ids and
+small inputs, never model state or pickles.
+"""
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+
+class Message(BaseModel):
+    def encode(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> Self:
+        return cls.model_validate_json(raw)
+
+
+# Outcomes and reasons ------------------------------------------------------------------------
+
+
+class FinishReason(StrEnum):
+    """Why a text sub-request stopped generating."""
+
+    STOP = "stop"  # end of sequence or a stop sequence
+    LENGTH = "length"  # max_new_tokens reached
+    CANCELED = "canceled"
+
+
+class StopReason(StrEnum):
+    """Why a worker asked a running sub-request to stop at its next step."""
+
+    CANCELED = "canceled"  # its job became final (canceled, failed, past its deadline)
+    TIME_LIMIT = "time_limit"
+    DRAIN = "drain"  # the worker is shutting down and hands it back
+
+
+class LeaseOutcome(StrEnum):
+    """What taking a sub-request's lease found (shared/lua.py ACQUIRE_LEASE)."""
+
+    ACQUIRED = "acquired"
+    DONE = "done"  # its result is stored already
+    FINAL = "final"  # its job is final
+    GONE = "gone"  # its job expired or never existed
+    BUSY = "busy"  # another delivery holds a live lease on it
+    EXHAUSTED = "exhausted"  # it used up its attempts
+
+
+class Outcome(StrEnum):
+    """What a worker did with one delivery of a sub-request (`fibermill_subrequests_total`)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIME_LIMIT = "time_limit"
+    CANCELED = "canceled"
+    HANDED_BACK = "handed_back"
+    DUPLICATE = "duplicate"  # ran, but another delivery stored its result first
+    # Not run, as the lease found it:
+    DONE = "done"
+    FINAL = "final"
+    GONE = "gone"
+    BUSY = "busy"
+    EXHAUSTED = "exhausted"
+
+
+class CompletionKind(StrEnum):
+    STARTED = "started"  # the job's first lease was taken
+    RESULT = "result"  # a sub-result was stored
+    FINAL = "final"  # the job became final
+
+
+# Sub-requests and their results --------------------------------------------------------------
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class TextItem(BaseModel):
+    kind: Literal["text"] = "text"
+    prompt: str
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: list[str] = []
+
+
+class ImageItem(BaseModel):
+    kind: Literal["image"] = "image"
+    prompt: str
+    negative_prompt: str = ""
+    width: int
+    height: int
+    steps: int
+    guidance_scale: float
+    seed: int
+    class_label: int | None = None  # class-conditional models only
+
+
+Item = Annotated[TextItem | ImageItem, Field(discriminator="kind")]
+
+
+class SubRequest(Message):
+    """One prompt (text) or one prompt x image (images) of a job: a Celery task's argument."""
+
+    job_id: str
+    index: int
+    model: str
+    item: Item
+
+    @property
+    def member(self) -> str:
+        """The id of this sub-request in lease, attempt and backlog bookkeeping."""
+        return f"{self.job_id}:{self.index}"
+
+    def task_args(self) -> list[dict[str, Any]]:
+        # Celery's JSON serializer carries the dict; the worker's task validates it back.
+        return [self.model_dump(mode="json")]
+
+    @classmethod
+    def from_task_arg(cls, payload: dict[str, Any]) -> Self:
+        return cls.model_validate(payload)
+
+
+class GeneratedText(BaseModel):
+    text: str
+    finish_reason: FinishReason
+    tokens: int = Field(description="number of generated tokens")
+
+
+class GeneratedImage(BaseModel):
+    """An image's description; its PNG bytes are stored beside the sub-result."""
+
+    seed: int
+    width: int
+    height: int
+
+
+class SubResult(Message):
+    """What a worker stores once per (job, index)."""
+
+    index: int
+    output: GeneratedText | GeneratedImage | None = None
+    error: JobError | None = None
+    worker: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class DeadLetter(Message):
+    """A sub-request given up after its attempts, kept in `fm:deadletter` for an operator."""
+
+    subrequest: SubRequest
+    reason: str
+    at: float
+
+
+class CompletionEntry(BaseModel):
+    """An entry of the completion stream. The Lua scripts write it (XADD with these field
+    names); the joiner reads it here."""
+
+    job: str
+    kind: CompletionKind = CompletionKind.RESULT  # entries without a kind are results
+    index: int | None = None
+    ok: bool | None = None
+
+    @classmethod
+    def from_fields(cls, fields: dict[bytes, bytes]) -> Self:
+        return cls.model_validate({k.decode(): v.decode() for k, v in fields.items()})
+
+
+# Live events ---------------------------------------------------------------------------------
+
+
+class Progress(BaseModel):
+    done: int
+    total: int
+
+
+class StepData(BaseModel):
+    index: int  # the sub-request
+    step: int
+    steps: int
+
+
+class StepEvent(Message):
+    """A denoise or decode step of one sub-request (published by its worker, throttled)."""
+
+    event: Literal["step"] = "step"
+    data: StepData
+
+
+class ProgressEvent(Message):
+    event: Literal["progress"] = "progress"
+    data: Progress
+
+
+class StatusEvent(Message):
+    """The job changed status; `data` is its whole envelope (shared/job.py `Job`)."""
+
+    event: Literal["status"] = "status"
+    data: dict[str, Any]
+
+
+LiveEvent = Annotated[StepEvent | ProgressEvent | StatusEvent, Field(discriminator="event")]
+_LIVE_EVENT: TypeAdapter[LiveEvent] = TypeAdapter(LiveEvent)
+
+
+def decode_event(raw: str | bytes) -> StepEvent | ProgressEvent | StatusEvent:
+    return _LIVE_EVENT.validate_json(raw)
+
+
+# Control --------------------------------------------------------------------------------------
+
+
+class CancelNotice(Message):
+    """Stop every running sub-request of this job: it became final."""
+
+    job_id: str
+
+
+class WorkerHeartbeat(Message):
+    """A worker process announcing itself and what it serves."""
+
+    id: str
+    name: str
+    host: str
+    pid: int
+    device: str
+    models: list[str]
+    in_flight: int = 0
+    started_at: float
+    seen_at: float

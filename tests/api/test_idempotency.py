@@ -1,0 +1,165 @@
+"""The Idempotency-Key claim around job creation, on the tests' real Redis: released when
+creating the job fails, claimed anew when its earlier job expired, a 409 for another body."""
+
+import copy
+import json
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from pydantic import TypeAdapter
+
+from services.api import idempotency
+from services.api.app import create_app
+from services.api.auth import Principal
+from services.api.submission import Submissions
+from shared import names
+from shared.errors import IdempotencyConflict
+from shared.job import JobRequest
+from shared.jobstore import JobStore
+from shared.queue_depth import priority_lists
+from shared.registry import load_registry
+from shared.settings import get_settings
+
+TEXT = {"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": ["a", "b"]}}
+OWNER = "key-a"
+DIGEST = idempotency.body_digest(TEXT)
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.fixture
+def claims(aredis) -> idempotency.Claims:
+    return idempotency.Claims(aredis)
+
+
+async def _entry(aredis, key: str) -> dict | None:
+    raw = await aredis.get(idempotency._key(OWNER, key))
+    return json.loads(raw) if raw else None
+
+
+async def _stored(store: JobStore, job_id: str) -> str:
+    await store.create(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1)
+    return job_id
+
+
+# The context manager -------------------------------------------------------------------------
+
+
+async def test_without_a_key_nothing_is_claimed(claims, aredis, store):
+    async with claims.hold(OWNER, None, DIGEST, "j1", store.get) as earlier:
+        assert earlier is None
+    assert await aredis.dbsize() == 0
+
+
+async def test_a_key_is_released_when_the_block_raises(claims, aredis, store):
+    with pytest.raises(Boom):
+        async with claims.hold(OWNER, "k", DIGEST, "j1", store.get) as earlier:
+            assert earlier is None
+            assert (await _entry(aredis, "k"))["job"] == "j1"
+            raise Boom
+    assert await _entry(aredis, "k") is None
+    async with claims.hold(OWNER, "k", DIGEST, "j2", store.get) as earlier:
+        assert earlier is None  # the retry claims the key for its own job
+    assert await _entry(aredis, "k") == {"job": "j2", "digest": DIGEST}
+
+
+async def test_a_replay_whose_block_raises_keeps_the_earlier_claim(claims, aredis, store):
+    async with claims.hold(OWNER, "k", DIGEST, await _stored(store, "j1"), store.get):
+        pass
+    with pytest.raises(Boom):
+        async with claims.hold(OWNER, "k", DIGEST, "j2", store.get) as earlier:
+            assert earlier.id == "j1"
+            raise Boom
+    assert (await _entry(aredis, "k"))["job"] == "j1"  # not ours to release
+
+
+async def test_a_key_whose_earlier_job_expired_is_claimed_anew(claims, aredis, store):
+    async with claims.hold(OWNER, "k", DIGEST, "expired", store.get):
+        pass  # the key names a job that is not (or no longer) in the store
+    async with claims.hold(OWNER, "k", DIGEST, "j2", store.get) as earlier:
+        assert earlier is None
+    assert await _entry(aredis, "k") == {"job": "j2", "digest": DIGEST}
+
+
+async def test_another_body_is_a_conflict_and_keeps_the_first_claim(claims, aredis, store):
+    async with claims.hold(OWNER, "k", DIGEST, await _stored(store, "j1"), store.get):
+        pass
+    with pytest.raises(IdempotencyConflict, match="different request body"):
+        async with claims.hold(OWNER, "k", "another digest", "j2", store.get):
+            pytest.fail("the block must not run")
+    assert await _entry(aredis, "k") == {"job": "j1", "digest": DIGEST}
+
+
+async def test_keys_are_scoped_to_their_owner(claims, store):
+    async with claims.hold("key-a", "k", DIGEST, await _stored(store, "j1"), store.get):
+        pass
+    async with claims.hold("key-b", "k", "another digest", "j2", store.get) as earlier:
+        assert earlier is None
+
+
+# The service ---------------------------------------------------------------------------------
+
+
+class FlakyStore(JobStore):
+    """A store whose first create fails, as a Redis that drops the connection would."""
+
+    failed = False
+
+    async def create(self, *args, **kwargs):
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("connection reset")
+        return await super().create(*args, **kwargs)
+
+
+def _service(aredis, store, dispatcher, settings) -> Submissions:
+    return Submissions(aredis, store, load_registry(settings.model_registry), dispatcher, settings)
+
+
+def _req(body: dict = TEXT):
+    return TypeAdapter(JobRequest).validate_python(copy.deepcopy(body))  # submit sets its seed
+
+
+async def test_a_retry_after_a_failed_store_creates_the_job(aredis, dispatcher, settings):
+    service = _service(aredis, FlakyStore(aredis), dispatcher, settings)
+    with pytest.raises(ConnectionError):
+        await service.submit(_req(), Principal(OWNER), "k")
+    assert await _entry(aredis, "k") is None  # freed at once, not left to the expiry path
+    created = await service.submit(_req(), Principal(OWNER), "k")
+    replay = await service.submit(_req(), Principal(OWNER), "k")
+    assert created.created and not replay.created
+    assert replay.job.id == created.job.id
+
+
+async def test_an_expired_job_is_replaced_and_its_replacement_replayed(
+    aredis, store, dispatcher, settings
+):
+    service = _service(aredis, store, dispatcher, settings)
+    first = await service.submit(_req(), Principal(OWNER), "k")
+    await aredis.delete(names.job_key(first.job.id))  # expired before its key did
+    second = await service.submit(_req(), Principal(OWNER), "k")
+    assert second.created and second.job.id != first.job.id
+    # The new claim holds the digest of the body as sent, not of the body with its seed.
+    replay = await service.submit(_req(), Principal(OWNER), "k")
+    assert not replay.created and replay.job.id == second.job.id
+
+
+# Over HTTP -----------------------------------------------------------------------------------
+
+
+def test_a_503_frees_the_key_for_a_retry(settings_env, monkeypatch, redis_url):
+    monkeypatch.setenv("FIBERMILL_MAX_QUEUE_DEPTH", "2")
+    get_settings.cache_clear()
+    with TestClient(create_app()) as client:
+        assert client.post("/v1/jobs", json=TEXT).status_code == 202  # the queue is now full
+        refused = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "retry"})
+        assert refused.status_code == 503
+        assert not redis.Redis.from_url(redis_url).exists(idempotency._key(None, "retry"))
+        redis.Redis.from_url(redis_url).delete(*priority_lists("tiny-gpt2"))  # drained
+        retried = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "retry"})
+        assert retried.status_code == 202
+        again = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "retry"})
+        assert again.status_code == 200 and again.json()["id"] == retried.json()["id"]
