@@ -39,9 +39,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     celery = make_celery(settings, name="fibermill-api")
     dispatcher = Dispatcher(celery, registry)
     consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    outbox = Outbox(redis, store, settings, consumer,
-                    backoff_base=settings.webhook_backoff_base_seconds,
-                    backoff_cap=settings.webhook_backoff_cap_seconds)
+    outbox = Outbox(redis, store, settings, consumer)
     lifecycle = Lifecycle(store, Notifier(redis, outbox, settings.public_url), settings.public_url)
     s = app.state
     s.redis, s.store, s.registry, s.dispatcher = redis, store, registry, dispatcher

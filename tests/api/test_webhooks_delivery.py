@@ -145,7 +145,8 @@ async def outboxes(aredis, store) -> Any:
 
     def make(settings: Settings, consumer: str = "api-1", run: bool = True,
              **kwargs: Any) -> tuple[Outbox, asyncio.Task[None] | None]:
-        kwargs = {"backoff_base": 0.05, "backoff_cap": 0.2, **kwargs}
+        fast = {"webhook_backoff_base_seconds": 0.05, "webhook_backoff_cap_seconds": 0.2}
+        settings = settings.model_copy(update=fast)
         ob = Outbox(aredis, store, settings, consumer, **kwargs)
         task = asyncio.create_task(ob.run()) if run else None
         if task is not None:

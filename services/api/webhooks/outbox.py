@@ -91,8 +91,6 @@ class Outbox:
         settings: Settings,
         consumer: str,
         *,
-        backoff_base: float = 1.0,
-        backoff_cap: float = 300.0,
         poll_interval: float = 0.1,
         max_in_flight: int = 64,
         max_updates_in_flight: int = 16,
@@ -102,8 +100,6 @@ class Outbox:
         self.store = store
         self.settings = settings
         self.consumer = consumer
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
         self.poll_interval = poll_interval
         self.limits = {
             WEBHOOKS_DUE_COMPLETED: max_in_flight,
@@ -273,7 +269,8 @@ class Outbox:
                 return None
             return now + delay
         if asked is None:
-            delay = backoff(claim.attempt, self.backoff_base, self.backoff_cap)
+            delay = backoff(claim.attempt, self.settings.webhook_backoff_base_seconds,
+                            self.settings.webhook_backoff_cap_seconds)
         else:
             delay = asked
         if now + delay > claim.first_at + self.settings.webhook_retry_total_seconds:
