@@ -3,7 +3,7 @@ limits and the drain."""
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from services.worker import metrics
 from shared.messages import StopReason, SubRequest
@@ -20,12 +20,15 @@ class InFlight:
         self.stop_reason: StopReason | None = None
         self.steps = 0  # step boundaries passed so far
         self.stop_requested_at_step: int | None = None
+        self.on_stop: Callable[[], None] | None = None  # e.g. withdraw it from a queue
 
     def request_stop(self, reason: StopReason) -> None:
         if not self.stop.is_set():
             self.stop_reason = reason
             self.stop_requested_at_step = self.steps
             self.stop.set()
+            if self.on_stop is not None:
+                self.on_stop()
 
 
 class Flights:

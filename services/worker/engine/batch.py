@@ -30,7 +30,7 @@ class Batch:
             raise ValueError("one stop hook per item")
         self.stopped = [False] * len(self.items)
         self._on_stop = on_stop
-        self._stop_all = stop_all
+        self.stop_all = stop_all
         self._leases = ExitStack()
 
     def __len__(self) -> int:
@@ -48,14 +48,16 @@ class Batch:
 
         Raises PipelineStopped when no item is left running, or `stop_all` asks for it.
         """
-        if self._stop_all is not None and self._stop_all():
+        if self.stop_all is not None and self.stop_all():
             raise PipelineStopped
         for i, stop in enumerate(self.stops):
-            if self.stopped[i] or stop is None:
-                continue
-            if stop():
-                self.stopped[i] = True
-                if self._on_stop is not None:
-                    self._on_stop(i)
+            if not self.stopped[i] and stop is not None and stop():
+                self.mark_stopped(i)
         if all(self.stopped):
             raise PipelineStopped
+
+    def mark_stopped(self, i: int) -> None:
+        """Item i stopped early: report it at once."""
+        self.stopped[i] = True
+        if self._on_stop is not None:
+            self._on_stop(i)

@@ -1,8 +1,10 @@
 """The dynamic batcher: groups compatible sub-requests into batches for one model.
 
 Items with the same batch key (same shape bucket: size and steps for images) are batched up to
-`max_batch`. A full group is dispatched at once, up to `max_running` batches in the pipeline
-(one on the device while the next one's CPU phases run beside it). A partial group is
+`max_batch`. A full group is dispatched at once, whatever key the oldest item has, up to
+`max_running` batches in the pipeline (one on the device while the next one's CPU phases run
+beside it). An item withdrawn while queued (its sub-request was stopped) leaves at once with
+PipelineStopped instead of waiting for a batch. A partial group is
 dispatched only when no batch is running, and then at once when nothing else is on its way to
 the batcher (`expected`: sub-requests this worker has taken from the queue but not yet
 submitted), else after at most `max_wait` from its oldest item's arrival. So an idle engine
@@ -18,6 +20,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.worker.pipelines.stopped import PipelineStopped
+
 log = logging.getLogger(__name__)
 
 
@@ -28,6 +32,11 @@ class Pending:
     should_stop: Callable[[], bool] | None
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
+    withdrawn: Callable[[], bool] | None = None  # checked while queued; never counts a step
+
+    @property
+    def gone(self) -> bool:
+        return self.future.done() or (self.withdrawn is not None and self.withdrawn())
 
 
 class Batcher:
@@ -48,21 +57,38 @@ class Batcher:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    def submit(self, item: Any, key: Hashable, should_stop=None) -> asyncio.Future:
+    def submit(self, item: Any, key: Hashable, should_stop=None,
+               withdrawn: Callable[[], bool] | None = None) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append(Pending(item, key, should_stop, future))
+        self.pending.append(Pending(item, key, should_stop, future, withdrawn=withdrawn))
         self.pump()
         return future
+
+    def _withdraw(self) -> None:
+        for p in [p for p in self.pending if p.gone]:
+            self.pending.remove(p)
+            if not p.future.done():
+                p.future.set_exception(PipelineStopped())
+
+    def _next_group(self) -> list[Pending]:
+        """A full group if any key has one, else the oldest item's (partial) group."""
+        by_key: dict[Hashable, list[Pending]] = {}
+        for p in self.pending:
+            group = by_key.setdefault(p.key, [])
+            group.append(p)
+            if len(group) == self.max_batch:
+                return group
+        return by_key[self.pending[0].key]
 
     def pump(self) -> None:
         """Dispatch every group that is ready, and wake up later for one that is not yet."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._withdraw()
         while self.running < self.max_running and self.pending:
-            oldest = self.pending[0]
-            group = [p for p in self.pending if p.key == oldest.key][: self.max_batch]
-            wait = oldest.arrived + self.max_wait_s - time.monotonic()
+            group = self._next_group()
+            wait = group[0].arrived + self.max_wait_s - time.monotonic()
             if len(group) < self.max_batch:
                 if self.running:
                     return  # grows while the device works; pumped again when a batch ends

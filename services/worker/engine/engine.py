@@ -1,4 +1,5 @@
-"""One model's engine: its pipeline fed by a dynamic batcher, on the worker's event loop.
+"""One model's engine, on the worker's event loop: an image pipeline fed by a dynamic batcher,
+or a text pipeline's continuous decoder (pipelines/text_decoder.py).
 
 `submit` returns the item's own result, or raises what failed its batch: a failing batch fails
 exactly its own sub-requests, the engine keeps serving. An item whose stop hook fires ends at
@@ -6,14 +7,15 @@ once with PipelineStopped while the rest of its batch runs on.
 """
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from services.worker import metrics
 from services.worker.engine.batch import Batch, ShouldStop
 from services.worker.engine.batcher import Batcher, Pending
-from services.worker.pipelines.base import ImageResult, Pipeline, TextResult
+from services.worker.pipelines.base import GraphPipeline, ImageResult, Pipeline, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.pipelines.text_decoder import Decoder
 from shared.messages import ImageItem, TextItem
 
 
@@ -24,10 +26,11 @@ class Arrival:
         self.engine = engine
         self.submitted = False
 
-    async def submit(self, item, should_stop: ShouldStop | None = None):
+    async def submit(self, item, should_stop: ShouldStop | None = None,
+                     withdrawn: Callable[[], bool] | None = None):
         self.submitted = True
-        self.engine.batcher.expected -= 1
-        return await self.engine.submit(item, should_stop)
+        self.engine.intake.expected -= 1
+        return await self.engine.submit(item, should_stop, withdrawn)
 
 
 class Engine:
@@ -36,25 +39,42 @@ class Engine:
         spec = pipeline.spec
         self.model = spec.name
         max_batch = spec.max_batch if batching else 1
-        self.batcher = Batcher(self._run, max_batch, spec.max_wait_ms / 1000)
+        self.intake: Batcher | Decoder
+        if isinstance(pipeline, GraphPipeline):
+            self.batcher = Batcher(self._run, max_batch, spec.max_wait_ms / 1000)
+            self.intake = self.batcher
+        else:
+            # Text decodes continuously: its decoder admits items between steps.
+            self.decoder: Decoder = pipeline.decoder
+            self.decoder.slots = min(self.decoder.slots, max_batch)
+            self.intake = self.decoder
 
     @contextmanager
     def arrival(self) -> Iterator[Arrival]:
         """Announce a sub-request before its (awaited) preliminaries; submit through it."""
         arrival = Arrival(self)
-        self.batcher.expected += 1
+        self.intake.expected += 1
         try:
             yield arrival
         finally:
             if not arrival.submitted:
-                self.batcher.expected -= 1
-                self.batcher.pump()
+                self.intake.expected -= 1
+                self.intake.pump()
 
     async def submit(
-        self, item: TextItem | ImageItem, should_stop: ShouldStop | None = None
+        self, item: TextItem | ImageItem, should_stop: ShouldStop | None = None,
+        withdrawn: Callable[[], bool] | None = None,
     ) -> TextResult | ImageResult:
+        """The item's result. `should_stop` is its stop hook between steps; `withdrawn` says,
+        without counting a step, that it was stopped while still queued."""
+        if isinstance(self.intake, Decoder):
+            return await self.intake.submit(item, should_stop, withdrawn)
         key = self.pipeline.batch_key(item)
-        return await self.batcher.submit(item, key, should_stop)
+        return await self.batcher.submit(item, key, should_stop, withdrawn)
+
+    def poke(self) -> None:
+        """Something queued may have been withdrawn: let it go now."""
+        self.intake.pump()
 
     async def _run(self, group: list[Pending]) -> None:
         loop = asyncio.get_running_loop()

@@ -1,8 +1,8 @@
-"""What every pipeline offers the worker: load once on a device, then run batches as a graph.
+"""What every pipeline offers the worker: load once on a device, then run items.
 
-A pipeline owns the read-only state (weights, configs), its operator graph, its buffer pool and
-the single device thread its model runs on. Everything that belongs to one batch lives in the
-`Batch` the graph is run with.
+A pipeline owns the read-only state (weights, configs), its preallocated device buffers and the
+single device thread its model runs on. Image pipelines run each batch as an operator graph
+(`GraphPipeline`); text runs with continuous batching (pipelines/text_decoder.py).
 """
 
 import asyncio
@@ -24,7 +24,7 @@ from shared.registry import ModelSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-__all__ = ["DTYPES", "ImageResult", "Pipeline", "ShouldStop", "TextResult"]
+__all__ = ["DTYPES", "GraphPipeline", "ImageResult", "Pipeline", "ShouldStop", "TextResult"]
 
 
 @dataclass
@@ -49,29 +49,60 @@ def observe_phase(model: str, phase: str, seconds: float) -> None:
 class Pipeline(ABC):
     """Loaded once per worker process (`setup`); its model only ever runs on its device thread."""
 
-    graph: Graph
-    pool: BufferPool
-
     def __init__(self, spec: ModelSpec, device: torch.device) -> None:
         self.spec = spec
         self.device = device
         self.dtype = DTYPES[spec.dtype]
         self.device_executor = ThreadPoolExecutor(1, thread_name_prefix=f"device-{spec.name}")
-        self.scheduler = Scheduler(
-            self.device_executor, cpu_executor(), spec.name, observe_phase
-        )
 
     def setup(self) -> None:
-        """Load the weights, wire the graph and preallocate the buffer pool."""
+        """Load the weights, then preallocate what running needs."""
         self.load()
-        self.graph = self.build_graph()
-        self.pool = BufferPool(
-            self.spec.name, self.allocate, self.pool_buckets(), self.spec.pool_sets
-        )
+        self.prepare()
 
     @abstractmethod
     def load(self) -> None:
         """Load weights from `spec.path` with `local_files_only=True` onto `self.device`."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Allocate the device buffers the model runs with, once."""
+
+    @abstractmethod
+    async def run_async(self, batch: Batch) -> list[TextResult | ImageResult]:
+        """Run a batch's items; result i belongs to item i. Each item's randomness comes from
+        its own seed only, so its result is the same alone or batched."""
+
+    def observe(self, phase: str, seconds: float) -> None:
+        observe_phase(self.spec.name, phase, seconds)
+
+    def run(
+        self, items: Sequence[TextItem | ImageItem], should_stop: ShouldStop | None = None
+    ) -> list[TextResult | ImageResult]:
+        """Run a batch from synchronous code (tests, benchmarks); `should_stop` stops it all."""
+        if not items:
+            return []
+        return asyncio.run(self.run_async(Batch(items, stop_all=should_stop)))
+
+
+class GraphPipeline(Pipeline):
+    """A pipeline that runs each batch through an operator graph, with a buffer pool."""
+
+    graph: Graph
+    pool: BufferPool
+
+    def __init__(self, spec: ModelSpec, device: torch.device) -> None:
+        super().__init__(spec, device)
+        self.scheduler = Scheduler(
+            self.device_executor, cpu_executor(), spec.name, observe_phase
+        )
+
+    def prepare(self) -> None:
+        """Wire the graph and preallocate the buffer pool."""
+        self.graph = self.build_graph()
+        self.pool = BufferPool(
+            self.spec.name, self.allocate, self.pool_buckets(), self.spec.pool_sets
+        )
 
     @abstractmethod
     def build_graph(self) -> Graph:
@@ -90,12 +121,8 @@ class Pipeline(ABC):
         """Items with equal keys may run in one batch."""
 
     async def run_async(self, batch: Batch) -> list[TextResult | ImageResult]:
-        """Run one batch through the graph; result i belongs to item i.
-
-        Each item's randomness comes from its own seed only, so an item's result is the same
-        whether it runs alone or in a batch. The batch's buffer leases are returned however
-        the run ends.
-        """
+        """Run one batch through the graph. The batch's buffer leases are returned however
+        the run ends."""
         keys = {self.batch_key(item) for item in batch.items}
         if len(keys) != 1:
             raise ValueError(f"items in one batch must share size, steps and guidance: {keys}")
@@ -103,11 +130,3 @@ class Pipeline(ABC):
             return await self.scheduler.run_async(self.graph, batch.items, batch)
         finally:
             batch.close()
-
-    def run(
-        self, items: Sequence[TextItem | ImageItem], should_stop: ShouldStop | None = None
-    ) -> list[TextResult | ImageResult]:
-        """Run a batch from synchronous code (tests, benchmarks); `should_stop` stops it all."""
-        if not items:
-            return []
-        return asyncio.run(self.run_async(Batch(items, stop_all=should_stop)))

@@ -10,12 +10,16 @@ comes from a CPU generator seeded with the item's seed, drawn one item at a time
 the device afterwards; a CPU generator gives the same numbers on every machine, a GPU one does
 not.
 
+Items batch together when their tensors have the same shapes: equal size and steps, and
+either all or none running classifier-free guidance. The guidance scale itself is per item (a
+tensor in the denoise step, and in the guidance embedding of UNets conditioned on it).
+
 Buffers are leased per batch from the pipeline's pool, bucketed by (capacity, latent height,
-latent width): the starting latents on the device, pinned host staging for the noise and for
-the final uint8 pixels, token ids and the text embeddings.
+latent width): the starting latents on the device, pinned host staging for the noise, the
+guidance scales and the final uint8 pixels, token ids and the text embeddings.
 """
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +35,7 @@ from services.worker.engine import sync
 from services.worker.engine.buffers import BucketKey, capacity
 from services.worker.engine.graph import Graph
 from services.worker.engine.operator import Operator
-from services.worker.pipelines.base import Pipeline
+from services.worker.pipelines.base import GraphPipeline
 from services.worker.pipelines.image_operators import (
     Denoise,
     EncodeClassLabels,
@@ -41,6 +45,7 @@ from services.worker.pipelines.image_operators import (
     Prepare,
     PromptTokenizer,
     VaeDecode,
+    guidance_buffers,
     image_graph,
     to_device,
 )
@@ -48,11 +53,14 @@ from shared.class_prompts import resolve_class
 from shared.messages import ImageItem
 
 
-class _ImagePipeline(Pipeline):
+class _ImagePipeline(GraphPipeline):
     """What the image pipelines share: batch keys, pool buckets and the graph's shape."""
 
     def batch_key(self, item: ImageItem) -> Hashable:
-        return (item.width, item.height, item.steps, item.guidance_scale)
+        # What changes tensor shapes only: the guidance scale is per item, but whether guidance
+        # runs at all doubles the UNet's rows. Prompts, negative prompts, class labels and
+        # seeds are per item too.
+        return (item.width, item.height, item.steps, self.is_guided(item.guidance_scale))
 
     def check_size(self, width: int, height: int) -> None:
         """Raise ValueError for an image size this model cannot make."""
@@ -63,7 +71,7 @@ class _ImagePipeline(Pipeline):
         raise NotImplementedError
 
     def is_guided(self, guidance: float) -> bool:
-        """Whether a batch with this guidance scale runs classifier-free guidance."""
+        """Whether an item with this guidance scale runs classifier-free guidance."""
         raise NotImplementedError
 
     def pool_buckets(self) -> list[BucketKey]:
@@ -134,6 +142,7 @@ class _LatentDiffusionPipeline(_ImagePipeline):
             # the copy to the device is a plain DMA.
             "noise_host": sync.pinned(latents, self.dtype, device),
             "pixels_host": sync.pinned(pixels, torch.uint8, device),
+            **guidance_buffers(cap, device),
             "ids_host": [],
             "ids": [],
         }
@@ -167,9 +176,13 @@ class StableDiffusionImagePipeline(_LatentDiffusionPipeline):
         if pipe.unet.config.time_cond_proj_dim is not None:
             dim = pipe.unet.config.time_cond_proj_dim
 
-            def guidance_embedding(guidance: float, rows: int) -> torch.Tensor:
-                w = torch.tensor(guidance - 1).repeat(rows)
-                return pipe.get_guidance_scale_embedding(w, embedding_dim=dim)
+            def guidance_embedding(guidance: Sequence[float], rows: int) -> torch.Tensor:
+                # One item at a time, so an item's embedding is the same in any batch.
+                per_item = [
+                    pipe.get_guidance_scale_embedding(torch.tensor([g - 1]), embedding_dim=dim)
+                    for g in guidance
+                ]
+                return torch.cat(per_item).repeat(rows // len(per_item), 1)
 
         encode = EncodePrompts(pipe.text_encoder, self._use_mask(), guidance_embedding)
         return self._graph(
@@ -325,4 +338,5 @@ class ClassDDPMImagePipeline(_ImagePipeline):
             "pixels_host": sync.pinned(out, torch.uint8, device),
             "labels_host": sync.pinned((2 * cap,), torch.long, device),
             "labels": torch.empty((2 * cap,), dtype=torch.long, device=device),
+            **guidance_buffers(cap, device),
         }

@@ -150,3 +150,44 @@ def test_full_groups_run_beside_a_running_batch():
 
     assert asyncio.run(main()) == [0, 10, 20]
     assert rec.batches == [[0], [1, 2]]
+
+
+def test_a_full_group_leaves_before_an_older_partial_one():
+    rec = Recorder(delay=0.05)
+
+    async def main():
+        b = Batcher(rec, max_batch=2, max_wait_s=5.0, max_running=1)
+        first = b.submit(0, "a")  # runs alone at once: nothing else expected
+        await asyncio.sleep(0.01)
+        futures = [b.submit(1, "b"), b.submit(2, "c"), b.submit(3, "c")]
+        await asyncio.gather(first, *futures)
+
+    asyncio.run(main())
+    # "b" is older, but "c" is full: it goes first, then "b" alone.
+    assert rec.batches == [[0], [2, 3], [1]]
+
+
+def test_a_withdrawn_item_leaves_the_queue_at_once():
+    from services.worker.pipelines.stopped import PipelineStopped
+
+    rec = Recorder(delay=0.2)
+    withdrawn = {"flag": False}
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_s=5.0, max_running=1)
+        running = b.submit(0, "k")  # keeps the batcher busy
+        await asyncio.sleep(0.01)
+        queued = b.submit(1, "k", withdrawn=lambda: withdrawn["flag"])
+        stays = b.submit(2, "k")
+        withdrawn["flag"] = True
+        t0 = time.monotonic()
+        b.pump()  # as the worker does when a held sub-request is stopped
+        with pytest.raises(PipelineStopped):
+            await queued
+        waited = time.monotonic() - t0
+        return waited, await running, await stays
+
+    waited, first, other = asyncio.run(main())
+    assert waited < 0.1  # not after the running batch
+    assert (first, other) == (0, 20)
+    assert rec.batches == [[0], [2]]

@@ -15,8 +15,7 @@ from PIL import Image
 
 from services.worker import metrics
 from services.worker.engine.engine import Engine
-from services.worker.engine.graph import Graph
-from services.worker.engine.operator import Operator
+from services.worker.pipelines.base import TextResult
 from services.worker.pipelines.image import StableDiffusionImagePipeline
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
@@ -107,13 +106,25 @@ IMAGE_ITEMS = [
 
 def test_text_stress_equals_the_sequential_run(text_host):
     pipeline = text_host.engine.pipeline
+    decoder = pipeline.decoder
     sequential = [pipeline.run([item])[0] for item in TEXT_ITEMS]
-    count_before = batches("stress-gpt2")
-    for _ in range(3):
-        for i, result in hammer(text_host, TEXT_ITEMS, PER_ROUND):
-            assert result == sequential[i]
-    assert batches("stress-gpt2") - count_before < 3 * PER_ROUND  # they really were batched
-    assert pipeline.pool.free_sets == pipeline.pool.pooled_sets
+    widest = 0
+    original = decoder._iterate
+
+    def iterate(admit):
+        nonlocal widest
+        widest = max(widest, len(decoder.running) + len(admit))
+        return original(admit)
+
+    decoder._iterate = iterate
+    try:
+        for _ in range(3):
+            for i, result in hammer(text_host, TEXT_ITEMS, PER_ROUND):
+                assert result == sequential[i]
+    finally:
+        del decoder._iterate
+    assert 1 < widest <= decoder.slots  # rows really ran together, never past the slots
+    assert not decoder.running and decoder.cache.column == 0
 
 
 def test_image_stress_equals_the_sequential_run(image_host):
@@ -129,34 +140,6 @@ def test_image_stress_equals_the_sequential_run(image_host):
     assert pipeline.pool.free_sets == pipeline.pool.pooled_sets
 
 
-class Faulty(Operator):
-    """Wraps a graph's operator: fails every batch holding a FAIL item, and records batches."""
-
-    def __init__(self, inner: Operator, failed: list) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.executor = inner.executor
-        self.input_type = inner.input_type
-        self.output_type = inner.output_type
-        self.failed = failed
-
-    def can_operate(self, value, batch):
-        return self.inner.can_operate(value, batch)
-
-    def run(self, value, batch):
-        prompts = [item.prompt for item in batch.items]
-        if any(p.startswith("FAIL") for p in prompts):
-            self.failed.append(prompts)
-            raise RuntimeError("injected operator failure")
-        return self.inner.run(value, batch)
-
-
-def with_faults(pipeline, op_name: str, failed: list) -> None:
-    ops = [Faulty(op, failed) if name == op_name else op
-           for name, op in pipeline.graph.operators.items()]
-    pipeline.graph = Graph(ops, pipeline.graph.router)
-
-
 def stop_after(steps: int) -> Callable[[], bool]:
     seen = {"n": 0}
 
@@ -167,18 +150,28 @@ def stop_after(steps: int) -> Callable[[], bool]:
     return should_stop
 
 
-def test_pool_invariants_under_failures_and_cancellations(model_dir):
-    # One set per bucket, so two batches in flight in one bucket need an ad-hoc set.
+def test_slots_under_failures_and_cancellations(model_dir):
+    """A model failure fails exactly the rows the decoder held then; cancels end their rows;
+    every other row succeeds, and the decoder ends with its slots free."""
     spec = ModelSpec(name="faults-gpt2", kind="causal-lm", path=model_dir / "tiny-gpt2",
-                     max_batch=8, pool_sets=1, defaults={"max_new_tokens": 6})
+                     max_batch=8, defaults={"max_new_tokens": 6})
     pipeline = CausalLMTextPipeline(spec, CPU)
     pipeline.setup()
-    failed: list[list[str]] = []
-    with_faults(pipeline, "prefill", failed)
-    pooled_before = pipeline.pool.pooled_sets
+    decoder = pipeline.decoder
+    failed: list[set[str]] = []
+    original = decoder._iterate
+
+    def faulty(admit):
+        held = {r.row.item.prompt for r in decoder.running} | {w.item.prompt for w in admit}
+        if any(p.startswith("FAIL") for p in held):
+            failed.append(held)
+            raise RuntimeError("injected model failure")
+        return original(admit)
+
+    decoder._iterate = faulty
     host = Host(Engine(pipeline))
     rng = random.Random(5)
-    kinds = rng.choices(["FAIL", "CANCEL", "OK"], weights=[10, 5, 85], k=1000)
+    kinds = rng.choices(["FAIL", "CANCEL", "OK"], weights=[3, 5, 92], k=600)
     jobs = [(k, TextItem(prompt=f"{k} {i}", max_new_tokens=6)) for i, k in enumerate(kinds)]
 
     def one(job):
@@ -188,37 +181,20 @@ def test_pool_invariants_under_failures_and_cancellations(model_dir):
         except Exception as exc:
             return kind, item.prompt, exc
 
-    def run_all(threads: int, subset):
-        with ThreadPoolExecutor(threads) as pool:
-            return list(pool.map(one, subset))
-
-    adhoc = metrics.BUFFER_LEASES.labels("faults-gpt2", "adhoc")
     try:
-        # As many threads as a worker holds (2 x max_batch): a full batch runs beside another.
-        outcomes = run_all(2 * spec.max_batch, jobs)
-        in_failed_batch = {p for batch in failed for p in batch}
+        with ThreadPoolExecutor(2 * spec.max_batch) as pool:
+            outcomes = list(pool.map(one, jobs))
+        in_failed = set().union(*failed)
         for kind, prompt, out in outcomes:
-            if prompt in in_failed_batch:
-                # A failing batch fails exactly its own sub-requests...
+            if prompt in in_failed:
                 assert isinstance(out, RuntimeError) and "injected" in str(out), (prompt, out)
             elif kind == "CANCEL":
                 assert isinstance(out, PipelineStopped), (prompt, out)
             else:
-                # ...and every other one succeeds.
                 assert out.finish_reason in ("stop", "length") and out.tokens >= 1, (prompt, out)
-        assert failed and sum(isinstance(o, RuntimeError) for _, _, o in outcomes) >= 100
-        # (a cancel in a batch that fails first gets the failure)
-        assert sum(isinstance(o, PipelineStopped) for _, _, o in outcomes) >= 10
-        # The books: every pooled set is back, every ad-hoc set freed, the pool did not grow.
-        assert pipeline.pool.free_sets == pipeline.pool.pooled_sets == pooled_before
-        assert pipeline.pool.adhoc_live == 0
-        assert adhoc._value.get() > 0  # the ad-hoc path was exercised
-
-        # With no more concurrency than the pool has sets, no ad-hoc set at all.
-        before = adhoc._value.get()
-        outcomes = run_all(1, jobs[:200])
-        assert adhoc._value.get() == before
-        assert pipeline.pool.free_sets == pooled_before and pipeline.pool.adhoc_live == 0
+        assert failed and sum(isinstance(o, PipelineStopped) for _, _, o in outcomes) >= 10
+        assert sum(isinstance(o, TextResult) for _, _, o in outcomes) >= 300
+        assert not decoder.running and not decoder.waiting and decoder.cache.column == 0
     finally:
         host.close()
 
@@ -229,10 +205,10 @@ def test_cancelled_item_ends_at_once_while_its_batch_runs_on(text_host):
     alone = [engine.pipeline.run([it])[0] for it in items]
 
     async def together():
-        engine.batcher.expected = 4
+        engine.intake.expected = 4
         futures = []
         for i, item in enumerate(items):
-            engine.batcher.expected -= 1
+            engine.intake.expected -= 1
             futures.append(engine.submit(item, stop_after(1) if i == 2 else None))
         return await asyncio.gather(*futures, return_exceptions=True)
 

@@ -1,0 +1,342 @@
+"""Continuous (iteration-level) batching for causal language models.
+
+One decoder per text model runs rows of any age together. Between iterations it admits waiting
+items into free cache slots (their prompts are prefilled together and join the running rows'
+step) and retires every row that ended (EOS, a stop string, its own budget, or asked to stop),
+settling its sub-request there and then. The slots are a fixed pool (`SlotCache`): when all
+are taken, items wait; nothing is allocated past them.
+
+An iteration, on the model's device thread:
+
+    admit (prefill the new rows) -> up to `STEPS_PER_READ` decode steps -> one read of the
+    tokens made (the only host read, counted in `sync`) -> push them through each row's
+    EOS / stop / budget rules on the host -> retire the rows that ended
+
+Rows never take more steps than the smallest budget left among them, so no row runs past its
+budget and its cache columns always fit. Greedy rows give `generate`'s tokens, sampled rows
+their own seeded stream: a row's tokens do not depend on its neighbours or on when it joined.
+"""
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from services.worker import metrics
+from services.worker.engine import sync
+from services.worker.pipelines.base import TextResult
+from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.pipelines.text_rows import Row, Sequence
+from services.worker.pipelines.text_sampling import N_PARAMS, params_of, pick, uniforms_of
+from shared.messages import FinishReason, TextItem
+
+if TYPE_CHECKING:
+    from services.worker.pipelines.text import CausalLMTextPipeline
+
+log = logging.getLogger(__name__)
+
+# Decode steps between two reads of the tokens: a row that ended waits at most this many
+# steps to retire, and an arrival to join.
+STEPS_PER_READ = 4
+
+ShouldStop = Callable[[], bool]
+
+
+@dataclass(eq=False)
+class Waiting:
+    item: TextItem
+    should_stop: ShouldStop | None
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    arrived: float = field(default_factory=time.monotonic)
+    withdrawn: Callable[[], bool] | None = None  # checked while waiting; never counts a step
+
+    @property
+    def gone(self) -> bool:
+        return self.future.done() or (self.withdrawn is not None and self.withdrawn())
+
+
+@dataclass(eq=False)
+class Running:
+    """A row in a cache slot; its slot is its index in `Decoder.running`."""
+
+    waiting: Waiting
+    row: Row
+    seq: Sequence
+    columns: int  # cache columns holding its tokens
+    fed: int = 0  # tokens made and not yet read back
+    new: bool = True  # admitted this iteration: its first token came from the prefill
+    stopped_at: int | None = None  # tokens it had made when asked to stop
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None
+
+    @property
+    def left(self) -> int:
+        """Tokens it may still make, as far as the host knows."""
+        return self.row.budget - self.seq.tokens - self.fed
+
+
+Settle = tuple[Waiting, TextResult | None, BaseException | None]
+
+
+class Decoder:
+    def __init__(self, pipeline: "CausalLMTextPipeline", slots: int, max_wait_s: float) -> None:
+        self.p = pipeline
+        self.slots = slots
+        self.max_wait_s = max_wait_s
+        self.cache = pipeline.slot_cache(slots)
+        device = pipeline.device
+        self.next_ids = torch.zeros(slots, dtype=torch.long, device=device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.made = torch.zeros(slots, dtype=torch.long, device=device)  # tokens per row
+        self.params = torch.zeros((N_PARAMS, slots), dtype=torch.float32, device=device)
+        self.uniforms = torch.zeros((slots, self.cache.length), dtype=torch.float32,
+                                    device=device)
+        self.tokens = torch.zeros((STEPS_PER_READ + 1, slots), dtype=torch.long, device=device)
+        self.tokens_host = sync.pinned((STEPS_PER_READ + 1, slots), torch.long, device)
+        self.waiting: deque[Waiting] = deque()
+        self.running: list[Running] = []
+        self.expected = 0  # sub-requests on their way (taken from the queue, not yet here)
+        self.rounds = 0  # stop-hook rounds so far (one per prefill or decode step)
+        self._task: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    # Event loop side -----------------------------------------------------------------------
+
+    def submit(self, item: TextItem, should_stop: ShouldStop | None = None,
+               withdrawn: Callable[[], bool] | None = None) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.waiting.append(Waiting(item, should_stop, future, loop, withdrawn=withdrawn))
+        self.pump()
+        return future
+
+    def pump(self) -> None:
+        """Make sure the loop runs while there is work; called on arrivals, departures and
+        withdrawals."""
+        self._withdraw()
+        if (self._task is None or self._task.done()) and self.waiting:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def _withdraw(self) -> None:
+        """Waiting items whose sub-request was stopped leave at once."""
+        for w in [w for w in self.waiting if w.gone]:
+            self.waiting.remove(w)
+            if not w.future.done():
+                w.loop.call_soon_threadsafe(_settle, w.future, None, PipelineStopped())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.waiting or self.running:
+            self._withdraw()
+            if not self.running and not await self._burst_gathered():
+                continue
+            admit = self._admissible()
+            try:
+                settles = await loop.run_in_executor(self.p.device_executor, self._iterate,
+                                                     admit)
+            except Exception as exc:  # the model failed: every row it held fails with it
+                log.exception("text decode iteration failed")
+                settles = [(r.waiting, None, exc) for r in self.running]
+                settles += [(w, None, exc) for w in admit]
+                self.running.clear()
+                self.cache.column = 0
+            for waiting, result, exc in settles:
+                if waiting.loop is loop:
+                    _settle(waiting.future, result, exc)
+                else:  # submitted from another loop (a test's or a benchmark's own)
+                    waiting.loop.call_soon_threadsafe(_settle, waiting.future, result, exc)
+
+    async def _burst_gathered(self) -> bool:
+        """An idle decoder starts at once, unless more sub-requests are on their way: then it
+        waits for them (at most `max_wait_s` from the oldest), so a burst prefills together."""
+        if self.expected <= 0 or len(self.waiting) >= self.slots:
+            return True
+        wait = self.waiting[0].arrived + self.max_wait_s - time.monotonic()
+        if wait <= 0:
+            return True
+        await asyncio.sleep(min(wait, 0.001))
+        return False
+
+    def _admissible(self) -> list[Waiting]:
+        admit = []
+        while self.waiting and len(self.running) + len(admit) < self.slots:
+            admit.append(self.waiting.popleft())
+        return admit
+
+    # Device thread side ----------------------------------------------------------------------
+
+    def _iterate(self, admit: list[Waiting]) -> list[Settle]:
+        with torch.inference_mode():
+            settles = self._admit(admit)
+            steps = min((r.left for r in self.running), default=0)
+            steps = min(STEPS_PER_READ, steps)
+            if self.running and any(r.left <= 0 for r in self.running):
+                steps = 0  # a row at its budget retires first
+            t0 = time.perf_counter()
+            for step in range(1, steps + 1):
+                self._check_stops()
+                self._step(step)
+            if steps:
+                self.p.observe("decode", time.perf_counter() - t0)
+            if self.running:
+                self._read(steps)
+            return settles + self._retire()
+
+    def _check_stops(self) -> None:
+        self.rounds += 1
+        for r in self.running:
+            hook = r.waiting.should_stop
+            if not r.stopped and hook is not None and hook():
+                r.stopped_at = r.seq.tokens + r.fed
+
+    def _admit(self, admit: list[Waiting]) -> list[Settle]:
+        settles: list[Settle] = []
+        rows: list[Running] = []
+        self.rounds += 1
+        for w in admit:
+            if w.should_stop is not None and w.should_stop():
+                settles.append((w, None, PipelineStopped()))
+                continue
+            row = self.p.start(w.item)
+            rows.append(Running(w, row, Sequence(item=w.item, budget=row.budget),
+                                columns=len(row.prompt)))
+        for r in self.running:
+            r.new = False
+        if rows:
+            t0 = time.perf_counter()
+            self._prefill(rows)
+            self.p.observe("prefill", time.perf_counter() - t0)
+        return settles
+
+    def _prefill(self, rows: list[Running]) -> None:
+        p, cache, device = self.p, self.cache, self.p.device
+        n, k = len(self.running), len(rows)
+        width = max(len(r.row.prompt) for r in rows)
+        cache.column = max(cache.column, width)
+        ids = torch.full((k, width), p.pad_id, dtype=torch.long)
+        real = torch.zeros((k, width), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            prompt = r.row.prompt
+            ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            real[i, width - len(prompt):] = True
+        ids, real = self._upload(ids), self._upload(real)
+        # Each prompt sees its own earlier tokens; a pad sees itself, so no query row is
+        # empty (an empty row would make NaNs that its zero weight cannot cancel).
+        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
+        mask = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool,
+                                                             device=device)[None]
+        positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
+        slots = slice(n, n + k)
+        cache.valid[slots] = False
+        cache.valid[slots, cache.column - width:cache.column] = real
+        cache.for_prefill(slots, width)
+        out = p.forward(ids, mask[:, None], positions, cache)
+        params = torch.tensor([params_of(r.row.item.temperature, r.row.item.top_k,
+                                         r.row.item.top_p) for r in rows],
+                              dtype=torch.float32).T
+        self.params[:, slots] = self._upload(params)
+        self.uniforms[slots] = 0.0
+        for i, r in enumerate(rows):
+            if r.row.item.temperature > 0:
+                draws = uniforms_of(r.row.item.seed, r.row.budget)
+                self.uniforms[n + i, :r.row.budget] = self._upload(draws)
+        sampled = any(r.row.item.temperature > 0 for r in rows)
+        first = pick(out.logits[:, -1, :].float(), self.params[:, slots],
+                     self.uniforms[slots, 0], sampled)
+        self.tokens[0, slots] = first
+        self.next_ids[slots] = first
+        self.positions[slots] = positions[:, -1] + 1
+        self.made[slots] = 1
+        for r in rows:
+            r.fed = 1
+        self.running.extend(rows)
+        metrics.BATCH_SIZE.labels(p.spec.name).observe(k)
+
+    def _upload(self, host: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device, copied without making the host wait: from pinned
+        memory, which PyTorch keeps until the copy has run."""
+        if self.p.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.p.device, non_blocking=True)
+
+    def _step(self, step: int) -> None:
+        p, cache = self.p, self.cache
+        n = len(self.running)
+        if cache.column >= cache.length:
+            cache.compact(n, max(r.columns for r in self.running))
+        cache.valid[:n, cache.column] = True
+        mask = cache.valid[:n, None, None, :cache.column + 1]
+        cache.for_decode(n)
+        out = p.forward(self.next_ids[:n, None], mask, self.positions[:n, None], cache)
+        cache.column += 1
+        sampled = any(r.row.item.temperature > 0 for r in self.running)
+        uniform = self.uniforms[:n].gather(1, self.made[:n, None])[:, 0] if sampled else None
+        nxt = pick(out.logits[:, -1, :].float(), self.params[:, :n], uniform, sampled)
+        self.tokens[step, :n] = nxt
+        self.next_ids[:n] = nxt
+        self.positions[:n] += 1
+        self.made[:n] += 1
+        for r in self.running:
+            r.columns += 1
+            r.fed += 1
+
+    def _read(self, steps: int) -> None:
+        """The iteration's one host read: the tokens made, then each row's rules."""
+        n = len(self.running)
+        first = 0 if any(r.new for r in self.running) else 1
+        host = sync.to_host(self.tokens[first:steps + 1, :n],
+                            self.tokens_host[first:steps + 1, :n], self.p.spec.name)
+        columns = host.tolist()
+        for slot, r in enumerate(self.running):
+            made = [row[slot] for row in columns[(0 if r.new else 1) - first:]]
+            if r.stopped_at is not None:  # what it made after the stop is not its own
+                made = made[:max(0, r.stopped_at - r.seq.tokens)]
+            r.fed = 0
+            for token in made:
+                if r.seq.push(token, self.p):
+                    break
+
+    def _retire(self) -> list[Settle]:
+        """Settle the rows that ended; the last running rows move into their slots."""
+        settles: list[Settle] = []
+        for slot in range(len(self.running) - 1, -1, -1):
+            r = self.running[slot]
+            if r.stopped:
+                partial = TextResult(text=self.p.decode(r.seq.generated),
+                                     finish_reason=FinishReason.CANCELED, tokens=r.seq.tokens)
+                settles.append((r.waiting, None, PipelineStopped(partial)))
+            elif r.seq.finished:
+                settles.append((r.waiting, r.seq.result(), None))
+            else:
+                continue
+            last = len(self.running) - 1
+            if slot != last:
+                self._move(last, slot)
+                self.running[slot] = self.running[last]
+            self.running.pop()
+        if not self.running:
+            self.cache.column = 0
+        return settles
+
+    def _move(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst, self.cache.column)
+        for t in (self.next_ids, self.positions, self.made, self.uniforms):
+            t[dst] = t[src]
+        self.params[:, dst] = self.params[:, src]
+
+
+def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

@@ -1,0 +1,69 @@
+"""One text item on the host: its prompt ids and budget, and its tokens as they arrive."""
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from services.worker.pipelines.base import TextResult
+from shared.messages import FinishReason, TextItem
+
+
+class Detokenizer(Protocol):
+    eos_ids: frozenset[int]
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass
+class Row:
+    """An item ready to decode: its prompt ids and its token budget."""
+
+    item: TextItem
+    prompt: list[int]
+    budget: int
+
+
+@dataclass
+class Sequence:
+    """One item's tokens, pushed one at a time: where it ends, and why."""
+
+    item: TextItem
+    budget: int
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason | None = None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.generated)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def push(self, token: int, model: Detokenizer) -> bool:
+        """Record a generated token; True when the item is finished."""
+        self.generated.append(token)
+        if token in model.eos_ids:
+            return self._finish(FinishReason.STOP, model.decode(self.generated[:-1]))
+        text = None
+        if self.item.stop:
+            # Decode the whole continuation: a stop string may span tokens, and a token may
+            # complete a multi-byte character that only then matches.
+            text = model.decode(self.generated)
+            cut = min((i for s in self.item.stop if (i := text.find(s)) >= 0), default=-1)
+            if cut >= 0:
+                return self._finish(FinishReason.STOP, text[:cut])
+        if self.tokens >= self.budget:
+            if text is None:
+                text = model.decode(self.generated)
+            return self._finish(FinishReason.LENGTH, text)
+        return False
+
+    def _finish(self, reason: FinishReason, text: str) -> bool:
+        self.finish_reason = reason
+        self.text = text
+        return True
+
+    def result(self) -> TextResult:
+        assert self.finish_reason is not None, "only a finished sequence has a result"
+        return TextResult(text=self.text, finish_reason=self.finish_reason, tokens=self.tokens)

@@ -1,0 +1,356 @@
+"""Continuous batching for text: rows join and leave between steps, fixed cache slots, one
+counted host read per iteration, tokens equal to `generate` and to each item run alone."""
+
+import asyncio
+import math
+import random
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from services.worker.engine import sync
+from services.worker.engine.batch import Batch
+from services.worker.engine.engine import Engine
+from services.worker.pipelines import text_cache
+from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.pipelines.text import CausalLMTextPipeline
+from services.worker.pipelines.text_decoder import STEPS_PER_READ, Decoder
+from shared.messages import TextItem
+from shared.registry import ModelKind, ModelSpec
+from tests.worker.text_reference import alone, greedy_ids
+
+MODEL = "tiny-gpt2-decoder"  # a name of its own, so no other test moves its counters
+PROMPTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog, and then",
+    "Return a new list of the items",
+    "If the",
+    "This function",
+    "Return True if",
+    "A",
+    "Split the string at every comma",
+]
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "then",
+         "some", "more"]
+
+
+def _pipeline(model_dir: Path, name: str = MODEL, cache_len: int | None = None,
+              **spec) -> CausalLMTextPipeline:
+    spec = ModelSpec(name=name, kind=ModelKind.CAUSAL_LM, path=model_dir / "tiny-gpt2", **spec)
+    pipe = CausalLMTextPipeline(spec, torch.device("cpu"))
+    pipe.load()
+    if cache_len is not None:
+        pipe.cache_len = cache_len
+    pipe.prepare()
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def pipeline(model_dir: Path) -> CausalLMTextPipeline:
+    return _pipeline(model_dir)  # max_batch 8: eight slots
+
+
+class Loop:
+    """An event loop on its own thread, as the worker runs its engines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float = 120):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def loop():
+    lp = Loop()
+    yield lp
+    lp.close()
+
+
+def random_items(n: int, seed: int, max_tokens: int = 30) -> list[TextItem]:
+    rng = random.Random(seed)
+    return [
+        TextItem(prompt=" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))),
+                 max_new_tokens=rng.randint(1, max_tokens), temperature=rng.choice([0, 0, 0.9]),
+                 seed=i)
+        for i in range(n)
+    ]
+
+
+def test_slots_are_preallocated_for_the_longest_sequence(pipeline: CausalLMTextPipeline):
+    cache = pipeline.decoder.cache
+    config = pipeline.model.config
+    assert cache.slots == 8 and cache.length == config.n_positions
+    head_dim = config.n_embd // config.n_head
+    assert [tuple(k.shape) for k in cache.keys] == [(8, config.n_head, 1024, head_dim)] * 2
+
+
+def test_greedy_equals_generate_token_for_token(pipeline: CausalLMTextPipeline):
+    for prompt in PROMPTS:
+        ids = pipeline.tokenizer(prompt, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            out = pipeline.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                          max_new_tokens=20, min_new_tokens=20,
+                                          do_sample=False, pad_token_id=pipeline.pad_id)
+        expected = out[0, ids.shape[1]:].tolist()
+        assert pipeline.eos_ids.isdisjoint(expected)
+        (result,) = pipeline.run([TextItem(prompt=prompt, max_new_tokens=20)])
+        assert (result.text, result.tokens) == (pipeline.decode(expected), 20)
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_one_counted_host_read_per_iteration(pipeline: CausalLMTextPipeline, n: int) -> None:
+    budgets = [20, 7, 13, 20, 3][:n]
+    items = [
+        TextItem(prompt=p, max_new_tokens=b, temperature=0.9 * (i % 2), seed=i)
+        for i, (p, b) in enumerate(zip(PROMPTS, budgets, strict=False))
+    ]
+    total, outputs = sync.count(MODEL), sync.count(MODEL, "output")
+    results = pipeline.run(items)
+    assert [r.tokens for r in results] == budgets  # the tiny model never emits its EOS here
+    reads = sync.count(MODEL) - total
+    assert reads == sync.count(MODEL, "output") - outputs  # every read is the tokens' read
+    # Iterations end where a row reaches its budget or after STEPS_PER_READ steps.
+    assert reads <= 1 + math.ceil((max(budgets) - 1) / STEPS_PER_READ) + len(set(budgets))
+
+
+class HostReads(TorchFunctionMode):
+    """Every conversion of a tensor to a Python value, with the tensor converted."""
+
+    NAMES = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "cpu"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, torch.Tensor]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES and args and isinstance(args[0], torch.Tensor):
+            self.seen.append((name, args[0]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_only_host_reads_are_the_counted_ones(pipeline: CausalLMTextPipeline) -> None:
+    items = random_items(12, seed=3)
+    decoder = pipeline.decoder
+    staging = decoder.tokens_host.untyped_storage().data_ptr()
+    before = sync.count(MODEL)
+    mode = HostReads()
+
+    # Inside the device thread, where the model and the decoder run.
+    def iterate(admit):
+        with mode:
+            return original(admit)
+
+    original = decoder._iterate
+    decoder._iterate = iterate
+    try:
+        results = pipeline.run(items)
+    finally:
+        del decoder._iterate
+    reads = sync.count(MODEL) - before
+    assert results == alone(pipeline, items)
+    converted = [(name, t.untyped_storage().data_ptr()) for name, t in mode.seen]
+    # Only the staging buffer the counted copy filled is ever turned into Python values,
+    # once per counted read; nothing in the model's code reads the device.
+    assert converted == [("tolist", staging)] * reads
+
+
+def test_rows_join_and_leave_between_steps(pipeline: CausalLMTextPipeline, loop: Loop):
+    long = TextItem(prompt=PROMPTS[1], max_new_tokens=200)
+    shorts = [TextItem(prompt=p, max_new_tokens=3) for p in PROMPTS[2:5]]
+    reference = alone(pipeline, [long, *shorts])
+    engine = Engine(pipeline)
+
+    async def scenario():
+        long_future = asyncio.ensure_future(engine.submit(long))
+        while not pipeline.decoder.running:  # the long row is decoding
+            await asyncio.sleep(0.001)
+        short_results = await asyncio.gather(*(engine.submit(s) for s in shorts))
+        # They joined the running batch and left it while the long row went on.
+        assert not long_future.done()
+        return [await long_future, *short_results]
+
+    assert loop.run(scenario()) == reference
+
+
+def test_a_full_pool_makes_rows_wait(model_dir: Path, loop: Loop):
+    pipe = _pipeline(model_dir, name="tiny-gpt2-two-slots", max_batch=2)
+    items = random_items(9, seed=5)
+    reference = alone(pipe, items)
+    decoder = pipe.decoder
+    pointers = [t.data_ptr() for t in decoder.cache.keys]
+    most = 0
+    original = decoder._iterate
+
+    def iterate(admit):
+        nonlocal most
+        most = max(most, len(decoder.running) + len(admit))
+        return original(admit)
+
+    decoder._iterate = iterate
+    engine = Engine(pipe)
+
+    async def burst():
+        return await asyncio.gather(*(engine.submit(it) for it in items))
+
+    assert loop.run(burst()) == reference
+    assert most == 2  # never more rows than slots, and the slots were used
+    assert [t.data_ptr() for t in decoder.cache.keys] == pointers  # nothing was reallocated
+
+
+def test_staggered_arrivals_through_compaction_match_alone(model_dir: Path, loop: Loop,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    # A short cache fills up: rows' columns are moved to the front while others decode.
+    pipe = _pipeline(model_dir, name="tiny-gpt2-short-cache", cache_len=48, max_batch=4)
+    items = random_items(40, seed=1)
+    reference = alone(pipe, items)
+    compactions = 0
+    compact = text_cache.SlotCache.compact
+
+    def counting(self, *args):
+        nonlocal compactions
+        compactions += 1
+        return compact(self, *args)
+
+    monkeypatch.setattr(text_cache.SlotCache, "compact", counting)
+    engine = Engine(pipe)
+    rng = random.Random(2)
+    delays = [rng.random() * 0.3 for _ in items]
+
+    async def staggered():
+        async def one(item, delay):
+            await asyncio.sleep(delay)
+            return await engine.submit(item)
+
+        return await asyncio.gather(*(one(it, d) for it, d in zip(items, delays, strict=True)))
+
+    assert loop.run(staggered()) == reference
+    assert compactions > 0
+
+
+def test_stopped_item_leaves_the_rest_running(pipeline: CausalLMTextPipeline) -> None:
+    items = [TextItem(prompt=p, max_new_tokens=12) for p in PROMPTS[:3]]
+    calls = 0
+
+    def stop_second() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls >= 3  # asked before prefill, step 1, then stops before step 2
+
+    stopped: list[int] = []
+    batch = Batch(items, [None, stop_second, None], on_stop=stopped.append)
+    results = asyncio.run(pipeline.run_async(batch))
+    assert stopped == [1]
+    assert results[1].finish_reason == "canceled" and results[1].tokens == 2
+    assert [results[0], results[2]] == alone(pipeline, [items[0], items[2]])
+    assert not pipeline.decoder.running
+
+
+def test_a_model_error_fails_the_rows_it_held_and_the_decoder_goes_on(
+    pipeline: CausalLMTextPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    items = [TextItem(prompt=p, max_new_tokens=10) for p in PROMPTS[:3]]
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "forward", boom)
+        with pytest.raises(RuntimeError, match="injected"):
+            pipeline.run(items)
+    assert not pipeline.decoder.running and pipeline.decoder.cache.column == 0
+    assert pipeline.run(items) == alone(pipeline, items)
+
+
+def test_batch_of_8_greedy_matches_alone(pipeline: CausalLMTextPipeline) -> None:
+    items = [TextItem(prompt=p, max_new_tokens=4 + 2 * i) for i, p in enumerate(PROMPTS)]
+    batched = pipeline.run(items)
+    assert batched == alone(pipeline, items)
+    assert [r.tokens for r in batched] == [4 + 2 * i for i in range(8)]
+
+
+def test_single_tokens_take_no_decode_step(pipeline: CausalLMTextPipeline,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = 0
+    step = Decoder._step
+
+    def counting(self, *args):
+        nonlocal steps
+        steps += 1
+        return step(self, *args)
+
+    monkeypatch.setattr(Decoder, "_step", counting)
+    items = [TextItem(prompt=p, max_new_tokens=1) for p in PROMPTS[:3]]
+    results = pipeline.run(items)
+    assert steps == 0
+    for prompt, result in zip(PROMPTS, results, strict=False):
+        assert (result.finish_reason, result.tokens) == ("length", 1)
+        assert result.text == pipeline.decode(greedy_ids(pipeline, prompt, 1))
+
+
+def test_empty_prompt_starts_from_bos(pipeline: CausalLMTextPipeline) -> None:
+    (result,) = pipeline.run([TextItem(prompt="", max_new_tokens=5)])
+    bos = pipeline.tokenizer.bos_token_id
+    ids = torch.tensor([[pipeline.tokenizer.eos_token_id if bos is None else bos]])
+    with torch.inference_mode():
+        logits = pipeline.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    first = int(logits[0, -1].argmax())
+    # This model's first greedy token from BOS is its EOS: the item stops with no text.
+    assert first in pipeline.eos_ids
+    assert (result.text, result.finish_reason, result.tokens) == ("", "stop", 1)
+
+
+def test_position_limit_beside_a_short_prompt(pipeline: CausalLMTextPipeline) -> None:
+    # A prompt at the position limit leaves it one token; the short one beside it goes on.
+    long_prompt = " ".join(["word"] * 1200)
+    assert len(pipeline.tokenizer(long_prompt)["input_ids"]) > 1024
+    items = [
+        TextItem(prompt=long_prompt, max_new_tokens=20),
+        TextItem(prompt=PROMPTS[1], max_new_tokens=20, temperature=1.0, seed=7),
+    ]
+    batched = pipeline.run(items)
+    assert batched == alone(pipeline, items)
+    assert [(r.finish_reason, r.tokens) for r in batched] == [("length", 1), ("length", 20)]
+
+
+def test_early_stop_on_eos_retires_the_row(pipeline: CausalLMTextPipeline,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = greedy_ids(pipeline, PROMPTS[0], 4)
+    monkeypatch.setattr(pipeline, "eos_ids", frozenset({expected[3]}))
+    (result,) = pipeline.run([TextItem(prompt=PROMPTS[0], max_new_tokens=300)])
+    assert result.finish_reason == "stop"
+    assert result.tokens == expected.index(expected[3]) + 1
+    assert not pipeline.decoder.running
+
+
+def test_a_waiting_item_that_is_withdrawn_leaves_at_once(model_dir: Path, loop: Loop):
+    pipe = _pipeline(model_dir, name="tiny-gpt2-one-slot", max_batch=1)
+    engine = Engine(pipe)
+    withdrawn = threading.Event()
+
+    async def scenario():
+        long = asyncio.ensure_future(engine.submit(TextItem(prompt="a", max_new_tokens=500)))
+        while not pipe.decoder.running:
+            await asyncio.sleep(0.001)
+        waiting = asyncio.ensure_future(engine.submit(TextItem(prompt="b", max_new_tokens=5),
+                                                      withdrawn=withdrawn.is_set))
+        await asyncio.sleep(0.01)
+        withdrawn.set()
+        engine.poke()  # as the worker does when it stops a held sub-request
+        with pytest.raises(PipelineStopped):
+            await asyncio.wait_for(waiting, 1)
+        assert not long.done()  # it left while the slot was still taken
+        return await long
+
+    assert loop.run(scenario()).tokens == 500
