@@ -1,6 +1,7 @@
 """The dynamic batcher: groups compatible sub-requests into batches for one model.
 
-Items with the same batch key (same shape bucket: size and steps for images) are batched up to
+Items with the same batch key (same shapes: size, steps and whether guided, for images) are
+batched up to
 `max_batch`. A full group is dispatched at once, whatever key the oldest item has, up to
 `max_running` batches in the pipeline (one on the device while the next one's CPU phases run
 beside it). An item withdrawn while queued (its sub-request was stopped) leaves at once with

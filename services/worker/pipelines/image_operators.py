@@ -4,12 +4,12 @@
 
 - prepare (cpu): leases the batch's buffers, draws each item's starting noise from the item's
   own seeded CPU generator (one item at a time, so an item's noise never depends on its place
-  in the batch) into pinned host memory, tokenises the prompts, and queues the host-to-device
-  copies without waiting for them.
+  in the batch) into pinned host memory, writes each item's guidance scale beside it, tokenises
+  the prompts, and queues the host-to-device copies without waiting for them.
 - encode (device): prompts through the text encoders, or class labels, into the conditioning
   the UNet takes; unconditional rows first when the batch is guided.
-- denoise (device): a fresh scheduler per batch and the UNet, with classifier-free guidance;
-  the batch's stop hooks are polled before every step.
+- denoise (device): a fresh scheduler per batch and the UNet, with classifier-free guidance
+  at each item's own scale; the batch's stop hooks are polled before every step.
 - decode (device): latents to pixels (VAE for latent models) and quantised to uint8 on the
   device, so only the final bytes cross to the host.
 - to_host (device): the batch's one device-to-host copy and wait (`sync.to_host`).
@@ -66,7 +66,9 @@ class ImageJob:
     width: int
     height: int
     steps: int
-    guidance: float
+    # Each item's guidance scale, (b, 1, 1, 1) float32 on the device: a batch may mix scales,
+    # only whether guidance runs at all (`guided`) is the batch's.
+    guidance: torch.Tensor
     guided: bool  # classifier-free guidance: two UNet rows per item
     buffers: BufferSet
     generators: list[torch.Generator]
@@ -106,6 +108,24 @@ def to_device(src: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def noise_shape(buffers: BufferSet) -> tuple[int, ...]:
     return tuple(buffers["noise_host"].shape[1:])
+
+
+def guidance_buffers(cap: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """A buffer set's per-item guidance scales: pinned host staging and its device copy."""
+    return {
+        "guidance_host": sync.pinned((cap,), torch.float32, device),
+        "guidance": torch.empty((cap,), dtype=torch.float32, device=device),
+    }
+
+
+def guide(uncond: torch.Tensor, cond: torch.Tensor, guidance: torch.Tensor) -> torch.Tensor:
+    """Classifier-free guidance, `uncond + g * (cond - uncond)`, with each item's scale.
+
+    `guidance` is float32, so the product is taken in float32 and rounded once to the
+    prediction's dtype: the numbers a Python float scale gives (PyTorch multiplies reduced
+    precision tensors by a scalar in float32), whatever the batch holds.
+    """
+    return uncond + (guidance * (cond - uncond)).to(uncond.dtype)
 
 
 class PromptTokenizer:
@@ -171,12 +191,16 @@ class Prepare(Operator):
             # One draw per item, exactly as a batch of one would draw it.
             noise_host[i].copy_(torch.randn((1, *shape), generator=generator)[0])
         latents = upload(buffers["latents"][:b], noise_host[:b])
+        guidance_host = buffers["guidance_host"]
+        guidance_host[:b].copy_(torch.tensor([item.guidance_scale for item in items]))
+        guidance = upload(buffers["guidance"][:b], guidance_host[:b]).view(b, 1, 1, 1)
         job = ImageJob(
             items=list(items),
             width=width,
             height=height,
             steps=first.steps,
-            guidance=first.guidance_scale,
+            guidance=guidance,
+            # Equal for every item: the batch key holds it.
             guided=model.is_guided(first.guidance_scale),
             buffers=buffers,
             generators=generators,
@@ -199,7 +223,8 @@ class EncodePrompts(Operator):
     def __init__(self, text_encoder, use_mask: bool, guidance_embedding=None) -> None:
         self.text_encoder = text_encoder
         self.use_mask = use_mask
-        # (guidance, rows) -> host tensor, for UNets conditioned on the guidance scale (LCM).
+        # (each item's guidance scale, rows) -> (rows, dim) host tensor, the items' rows
+        # repeated per half, for UNets conditioned on the guidance scale (LCM).
         self.guidance_embedding = guidance_embedding
 
     def run(self, job: ImageJob, batch: Batch) -> ImageJob:
@@ -211,7 +236,8 @@ class EncodePrompts(Operator):
                 embeds[rows].copy_(self.text_encoder(ids[rows], attention_mask=mask)[0])
             job.conditioning = {"encoder_hidden_states": embeds[: job.rows]}
             if self.guidance_embedding is not None:
-                cond = self.guidance_embedding(job.guidance, job.rows)
+                scales = [item.guidance_scale for item in job.items]
+                cond = self.guidance_embedding(scales, job.rows)
                 job.conditioning["timestep_cond"] = to_device(cond, embeds.device).to(
                     job.latents.dtype
                 )
@@ -332,7 +358,7 @@ class Denoise(Operator):
                 if job.guided:
                     first, second = out.chunk(2)
                     uncond, cond = (first, second) if job.uncond_first else (second, first)
-                    out = uncond + job.guidance * (cond - uncond)
+                    out = guide(uncond, cond, job.guidance)
                 latents = scheduler.step(out, t, latents, **extra, return_dict=False)[0]
         job.latents = latents
         return job
