@@ -1,16 +1,15 @@
-"""The dynamic batcher: groups compatible sub-requests into batches for one model.
+"""The dynamic batcher: groups compatible sub-requests into batches for one model (images).
 
-Items with the same batch key (same shapes: size, steps and whether guided, for images) are
-batched up to
+Items with the same batch key (same shapes: size, steps and whether guided) are batched up to
 `max_batch`. A full group is dispatched at once, whatever key the oldest item has, up to
 `max_running` batches in the pipeline (one on the device while the next one's CPU phases run
 beside it). An item withdrawn while queued (its sub-request was stopped) leaves at once with
-PipelineStopped instead of waiting for a batch. A partial group is
-dispatched only when no batch is running, and then at once when nothing else is on its way to
-the batcher (`expected`: sub-requests this worker has taken from the queue but not yet
-submitted), else after at most `max_wait` from its oldest item's arrival. So an idle engine
-never waits when nothing else is queued, a busy one lets the next batch fill up while the
-device works, and a burst is caught whole. Everything here runs on the event loop.
+PipelineStopped instead of waiting for a batch. A partial group is dispatched only when no
+batch is running, and then at once when nothing else is on its way to the batcher (`expected`:
+sub-requests this worker has taken from the queue but not yet submitted), else after at most
+`max_wait` from its oldest item's arrival. So an idle engine never waits when nothing else is
+queued, a busy one lets the next batch fill up while the device works, and a burst is caught
+whole. Everything here runs on the event loop.
 """
 
 import asyncio
