@@ -125,7 +125,8 @@ class GraphPipeline(Pipeline):
         the run ends."""
         keys = {self.batch_key(item) for item in batch.items}
         if len(keys) != 1:
-            raise ValueError(f"items in one batch must share size, steps and whether guided: {keys}")
+            raise ValueError(
+                f"items in one batch must share size, steps and whether guided: {keys}")
         try:
             return await self.scheduler.run_async(self.graph, batch.items, batch)
         finally:
