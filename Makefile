@@ -46,7 +46,9 @@ lint: install
 clean:
 	rm -rf run models/tiny-* .pytest_cache
 
+# The peers section runs LitServe beside Fibermill: the `bench` extra installs it (no torch).
 bench: models
+	$(BIN)/python -m pip install -q -e ".[bench]"
 	$(BIN)/python -m services.devstack.bench
 
 # On a machine with a CUDA GPU: the image graph against diffusers' own pipeline, sync counts.

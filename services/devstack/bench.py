@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from services.devstack import bench_engine
+from services.devstack import bench_engine, bench_peers
 from services.devstack.bench_lifecycle import cancel_to_free, webhook_latency
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=30)
     ap.add_argument("--burst", type=int, default=32, help="jobs per burst in the engine ratios")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md")
+    ap.add_argument("--peers", choices=("full", "quick", "skip"), default="full",
+                    help="the peers section (bench_peers.py): full, a short smoke run, or none")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rport, port = free_port(), free_port()
@@ -89,6 +91,9 @@ def main() -> None:
         finally:
             stop(procs)
     engine = bench_engine.run(n=args.burst)
+    peers = None
+    if args.peers != "skip":
+        peers = bench_peers.run(bench_peers.QUICK if args.peers == "quick" else bench_peers.FULL)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks", "",
@@ -109,6 +114,8 @@ def main() -> None:
         lines.append(f"| {name} | {r['n']} | {r['median'] * 1000:.1f} | {r['p90'] * 1000:.1f} "
                      f"| {r['min'] * 1000:.1f} | {r['max'] * 1000:.1f} |")
     lines += ["", *bench_engine.report(engine)]
+    if peers is not None:
+        lines += ["", *bench_peers.report(peers, header=True, machine=machine())]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -1,0 +1,630 @@
+"""Fibermill beside its peers, in one run on one machine, for `make bench`.
+
+    python -m services.devstack.bench_peers [--quick] [--out FILE]
+
+Two models: tiny-gpt2 (16 new tokens a request) and gpt2-6x256 (6 layers x 256 wide, seeded
+random weights built at run time into a temporary directory, 64 new tokens), both served with
+`max_batch: 32` from a temporary registry. Every request is one prompt, greedy, and makes its
+full budget (EOS never ends a row early: the peers force it with `min_new_tokens`; the
+tokens/req column shows Fibermill's rows made theirs too). The contenders:
+
+- transformers `generate` in process, batches of 32 (the registry's max_batch), left padding;
+- Fibermill's engine in process (pipeline + `Engine`, items announced through
+  `Engine.arrival` as the worker does), bursts of 32: no HTTP, Redis or Celery;
+- LitServe (`max_batch_size` 32, `batch_timeout` 10 ms) in its own process, running the same
+  `generate` code (services/devstack/litserve_peer.py), closed-loop clients at c=1 and c=32;
+- Fibermill end to end (Redis, API, one CPU worker), closed-loop clients at c=1 and c=32, one
+  request per job (`Prefer: wait=60`).
+
+And a mixed-length workload on gpt2-6x256: max_new_tokens uniform in 8..128 (seeded), c=32,
+Fibermill end to end against static batching with `generate` (batches of 32 in arrival order,
+each run to its longest budget), with the latency of the short requests (budget <= 16) under
+that load against the same requests run alone.
+
+Clients are asyncio + httpx in this process (idle while the servers run), so they take little
+of the CPU the servers share. Servers are measured one after another, never side by side.
+"""
+
+import argparse
+import asyncio
+import gc
+import importlib.util
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import yaml
+
+from services.devstack import gpt2_6x256
+from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.redis_server import free_port, start_redis
+from shared.settings import REPO_ROOT
+
+FINAL = {"succeeded", "failed", "canceled"}
+PROMPT = "Hello there"
+BATCH = 32  # max_batch of both models, LitServe's max_batch_size, generate's batch
+LITSERVE_BATCH_TIMEOUT = 0.01
+MIXED_RANGE = (8, 128)
+MIXED_SEED = 0
+SHORT = 16  # a mixed-workload request with at most this many new tokens is "short"
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    new_tokens: int
+
+
+TINY = Case("tiny-gpt2", 16)
+BIG = Case(gpt2_6x256.NAME, 64)
+CASES = (TINY, BIG)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    c1: int = 30  # requests at concurrency 1
+    c32: int = 128  # requests at concurrency 32
+    reps: int = 4  # timed batches (generate) or bursts (engine) of 32, in process
+    mixed: int = 128  # requests in the mixed-length workload
+    warmup: int = 32  # untimed requests before each c=32 measurement
+
+
+FULL = Sizes()
+QUICK = Sizes(c1=5, c32=32, reps=1, mixed=32, warmup=8)
+
+
+# Pure helpers ---------------------------------------------------------------------------------
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of `xs`, interpolating linearly between the closest ranks."""
+    if not xs:
+        raise ValueError("percentile of no values")
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    """`a / b` as "1.23x", or "-" when either side is missing."""
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def mixed_budgets(n: int, seed: int = MIXED_SEED, lo: int = MIXED_RANGE[0],
+                  hi: int = MIXED_RANGE[1]) -> list[int]:
+    """`n` budgets drawn uniformly from lo..hi (inclusive); the same seed gives the same list."""
+    rng = random.Random(seed)
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def static_batches(xs: Sequence[int], size: int = BATCH) -> list[list[int]]:
+    """Indices of `xs` in arrival order, cut into batches of `size` (the last may be short)."""
+    return [list(range(i, min(i + size, len(xs)))) for i in range(0, len(xs), size)]
+
+
+@dataclass
+class Load:
+    """What one measurement saw: per-request latencies and generated tokens, in request order."""
+
+    seconds: float
+    latencies: list[float]
+    tokens: list[int | None] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def rps(self) -> float:
+        return self.n / self.seconds
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.latencies, 0.5)
+
+    @property
+    def mean_tokens(self) -> float | None:
+        known = [t for t in self.tokens if t is not None]
+        return statistics.fmean(known) if known else None
+
+
+# Registry and model files ---------------------------------------------------------------------
+
+
+def write_registry(path: Path, big_dir: Path) -> Path:
+    """A registry with tiny-gpt2 (as in models/registry.yaml, max_batch 32) and gpt2-6x256."""
+    source = REPO_ROOT / "models" / "registry.yaml"
+    tiny = dict(yaml.safe_load(source.read_text())["models"][TINY.model])
+    tiny_path = Path(tiny.get("path", TINY.model))
+    tiny["path"] = str(tiny_path if tiny_path.is_absolute() else source.parent / tiny_path)
+    tiny["max_batch"] = BATCH
+    big = {
+        "kind": "causal-lm",
+        "path": str(big_dir),
+        "description": "GPT-2, 6 layers x 256 wide, seeded random weights (benchmarks)",
+        "defaults": {"max_new_tokens": 64},
+        "limits": {"max_new_tokens": 128},
+        "max_batch": BATCH,
+    }
+    path.write_text(yaml.safe_dump({"models": {TINY.model: tiny, BIG.model: big}},
+                                   sort_keys=False))
+    return path
+
+
+# Closed-loop clients --------------------------------------------------------------------------
+
+
+async def closed_loop(send: Callable[[int], Awaitable[int | None]], budgets: Sequence[int],
+                      concurrency: int) -> Load:
+    """`concurrency` clients, each sending the next budget once its previous answer is in."""
+    latencies: list[float] = [0.0] * len(budgets)
+    tokens: list[int | None] = [None] * len(budgets)
+    next_index = iter(range(len(budgets)))
+
+    async def client() -> None:
+        for i in next_index:
+            t = time.perf_counter()
+            tokens[i] = await send(budgets[i])
+            latencies[i] = time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(min(concurrency, len(budgets)))))
+    return Load(time.perf_counter() - t0, latencies, tokens)
+
+
+def run_loads(make_send: Callable[[httpx.AsyncClient], Callable[[int], Awaitable[int | None]]],
+              base_url: str, plan: Sequence[tuple[str, Sequence[int], int, Sequence[int]]]
+              ) -> dict[str, Load]:
+    """Run each (name, warm-up budgets, concurrency, budgets) in turn against one server."""
+
+    async def main() -> dict[str, Load]:
+        limits = httpx.Limits(max_connections=BATCH + 8, max_keepalive_connections=BATCH + 8)
+        async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as http:
+            send = make_send(http)
+            out = {}
+            for name, warmup, concurrency, budgets in plan:
+                if warmup:
+                    await closed_loop(send, warmup, concurrency)
+                out[name] = await closed_loop(send, budgets, concurrency)
+            return out
+
+    return asyncio.run(main())
+
+
+def fibermill_send(model: str):
+    def make(http: httpx.AsyncClient):
+        async def send(budget: int) -> int | None:
+            body = {"task": "text-generation", "model": model,
+                    "input": {"prompts": [PROMPT], "max_new_tokens": budget}}
+            r = await http.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"})
+            r.raise_for_status()
+            job = r.json()
+            while job["status"] not in FINAL:
+                await asyncio.sleep(0.05)
+                job = (await http.get(f"/v1/jobs/{job['id']}")).json()
+            if job["status"] != "succeeded":
+                raise RuntimeError(f"job {job['id']} {job['status']}: {job.get('error')}")
+            return (job.get("output") or [{}])[0].get("tokens")
+
+        return send
+
+    return make
+
+
+def litserve_send(http: httpx.AsyncClient):
+    async def send(budget: int) -> int | None:
+        r = await http.post("/predict", json={"prompt": PROMPT, "max_new_tokens": budget})
+        r.raise_for_status()
+        return r.json().get("tokens")
+
+    return send
+
+
+# In process -----------------------------------------------------------------------------------
+
+
+def measure_generate(model_dir: Path, new_tokens: int, reps: int) -> Load:
+    """transformers `generate`, `reps` batches of 32 one-prompt requests after one warm-up."""
+    from services.devstack import hf_generate
+
+    model, tokenizer = hf_generate.load(model_dir)
+    prompts, budgets = [PROMPT] * BATCH, [new_tokens] * BATCH
+    hf_generate.generate(model, tokenizer, prompts, budgets)
+    latencies: list[float] = []
+    tokens: list[int | None] = []
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = hf_generate.generate(model, tokenizer, prompts, budgets)
+        latencies += [time.perf_counter() - t] * BATCH
+        tokens += [n for _, n in out]
+    return Load(time.perf_counter() - t0, latencies, tokens)
+
+
+def measure_static_mixed(model_dir: Path, budgets: list[int]) -> tuple[Load, Load]:
+    """Static batching of the mixed workload with `generate`: batches of 32 in arrival order,
+    each run to its longest budget. A request's latency is its batch's time. Then each short
+    request alone (a batch of one)."""
+    from services.devstack import hf_generate
+
+    model, tokenizer = hf_generate.load(model_dir)
+    hf_generate.generate(model, tokenizer, [PROMPT] * BATCH, [max(budgets)] * BATCH)  # warm-up
+    latencies = [0.0] * len(budgets)
+    tokens: list[int | None] = [None] * len(budgets)
+    t0 = time.perf_counter()
+    for batch in static_batches(budgets):
+        t = time.perf_counter()
+        out = hf_generate.generate(model, tokenizer, [PROMPT] * len(batch),
+                                   [budgets[i] for i in batch])
+        took = time.perf_counter() - t
+        for i, (_, n) in zip(batch, out, strict=True):
+            latencies[i], tokens[i] = took, n
+    load = Load(time.perf_counter() - t0, latencies, tokens)
+    alone_lat, alone_tok = [], []
+    t0 = time.perf_counter()
+    for b in (b for b in budgets if b <= SHORT):
+        t = time.perf_counter()
+        alone_tok.append(hf_generate.generate(model, tokenizer, [PROMPT], [b])[0][1])
+        alone_lat.append(time.perf_counter() - t)
+    return load, Load(time.perf_counter() - t0, alone_lat, alone_tok)
+
+
+def measure_engine(registry: Path, model: str, new_tokens: int, reps: int) -> Load:
+    """Fibermill's engine fed directly: `reps` bursts of 32 items, each announced through
+    `Engine.arrival` before any is submitted (as the worker announces the sub-requests it has
+    taken), after one warm-up burst. A request's latency runs from its burst's start."""
+    from services.worker.engine.engine import Engine
+    from services.worker.pipelines.factory import build_pipeline
+    from services.worker.runtime import pick_device
+    from shared.messages import TextItem
+    from shared.registry import ModelRegistry
+    from shared.settings import get_settings
+
+    spec = ModelRegistry.load(registry).get(model)
+    pipeline = build_pipeline(spec, pick_device(get_settings()))
+    pipeline.setup()
+    item = TextItem(prompt=PROMPT, max_new_tokens=new_tokens)
+
+    async def burst(engine) -> list[tuple[float, int | None]]:
+        t0 = time.perf_counter()
+
+        async def one(arrival) -> tuple[float, int | None]:
+            result = await arrival.submit(item)
+            return time.perf_counter() - t0, getattr(result, "tokens", None)
+
+        with ExitStack() as stack:
+            arrivals = [stack.enter_context(engine.arrival()) for _ in range(BATCH)]
+            return await asyncio.gather(*(one(a) for a in arrivals))
+
+    async def main() -> Load:
+        engine = Engine(pipeline)
+        await burst(engine)
+        t0 = time.perf_counter()
+        done = [r for _ in range(reps) for r in await burst(engine)]
+        return Load(time.perf_counter() - t0, [lat for lat, _ in done], [t for _, t in done])
+
+    try:
+        return asyncio.run(main())
+    finally:
+        executor = getattr(pipeline, "device_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+
+# Servers --------------------------------------------------------------------------------------
+
+
+def litserve_available() -> bool:
+    return importlib.util.find_spec("litserve") is not None
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+@contextmanager
+def litserve_server(model_dir: Path, logdir: Path) -> Iterator[str]:
+    """services/devstack/litserve_peer.py in its own session (LitServe starts several
+    processes); yields its base URL, and stops the whole process group at the end."""
+    port = free_port()
+    log = logdir / f"litserve-{port}.log"
+    cmd = [sys.executable, "-m", "services.devstack.litserve_peer", "--model-dir", str(model_dir),
+           "--port", str(port), "--max-batch-size", str(BATCH),
+           "--batch-timeout", str(LITSERVE_BATCH_TIMEOUT)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=REPO_ROOT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"LitServe exited with {proc.returncode}:\n{_tail(log)}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError(f"LitServe not healthy in 180 s:\n{_tail(log)}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM the process group `proc` leads, SIGKILL what is left after `timeout`."""
+    pgid = proc.pid
+
+    def signal_group(sig: int) -> bool:
+        try:
+            os.killpg(pgid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    signal_group(signal.SIGTERM)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        proc.poll()
+        if not signal_group(0):
+            break
+        time.sleep(0.1)
+    else:
+        signal_group(signal.SIGKILL)
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+@contextmanager
+def fibermill_stack(registry: Path, models: Sequence[str], logdir: Path) -> Iterator[str]:
+    """Redis, the API and one CPU worker serving `models` from `registry`; yields the API URL."""
+    rport, port = free_port(), free_port()
+    redis_proc = start_redis(rport, logdir / "redis", appendonly=False)
+    env = {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
+           "FIBERMILL_MODEL_REGISTRY": str(registry),
+           "FIBERMILL_WORKER_MODELS": ",".join(models),
+           "FIBERMILL_WORKER_METRICS_PORT": "0", "FIBERMILL_LOG_LEVEL": "WARNING",
+           "FIBERMILL_CPU_WORKERS": "1",
+           # the bench keeps 32 clients submitting, far past a client's default rate limit
+           "FIBERMILL_RATE_LIMIT_PER_MINUTE": "1000000",
+           "FIBERMILL_RATE_LIMIT_BURST": "100000"}
+    wlog, alog = logdir / "workers.log", logdir / "api.log"
+    with open(wlog, "wb") as wout, open(alog, "wb") as aout:
+        workers = start_workers(env, stdout=wout, stderr=subprocess.STDOUT)
+        api = start_api(port, env, stdout=aout, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(base, timeout=300, procs=[api, workers])
+        except (TimeoutError, RuntimeError) as exc:
+            raise RuntimeError(f"{exc}\nworkers:\n{_tail(wlog)}\napi:\n{_tail(alog)}") from exc
+        yield base
+    finally:
+        stop([api, workers, redis_proc])
+
+
+# The run --------------------------------------------------------------------------------------
+
+
+def _log(msg: str) -> None:
+    print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(sizes: Sizes = FULL) -> dict:
+    """Every measurement, in one run. Keys: (model, contender) -> Load, "mixed" -> {...}."""
+    out: dict = {"sizes": sizes, "errors": []}
+    budgets = mixed_budgets(sizes.mixed)
+    shorts = [b for b in budgets if b <= SHORT]
+    out["mixed_budgets"] = budgets
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fibermill-peers-") as tmp:
+        tmp = Path(tmp)
+        big_dir = gpt2_6x256.build(tmp / BIG.model)
+        registry = write_registry(tmp / "registry.yaml", big_dir)
+        dirs = {TINY.model: REPO_ROOT / "models" / TINY.model, BIG.model: big_dir}
+
+        for case in CASES:
+            _log(f"{case.model}: generate in process")
+            out[(case.model, "generate")] = measure_generate(dirs[case.model], case.new_tokens,
+                                                             sizes.reps)
+            gc.collect()
+            _log(f"{case.model}: engine in process")
+            out[(case.model, "engine")] = measure_engine(registry, case.model, case.new_tokens,
+                                                         sizes.reps)
+            gc.collect()
+        _log("mixed workload: static batching with generate")
+        out[("mixed", "generate")], out[("mixed", "generate alone")] = measure_static_mixed(
+            big_dir, budgets)
+        gc.collect()
+
+        if litserve_available():
+            for case in CASES:
+                _log(f"{case.model}: LitServe")
+                n = case.new_tokens
+                try:
+                    with litserve_server(dirs[case.model], tmp) as base:
+                        loads = run_loads(litserve_send, base, [
+                            ("c1", [n] * 3, 1, [n] * sizes.c1),
+                            ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32),
+                        ])
+                    out[(case.model, "litserve c1")] = loads["c1"]
+                    out[(case.model, "litserve c32")] = loads["c32"]
+                except Exception as exc:  # report it and go on with Fibermill
+                    out["errors"].append(f"LitServe on {case.model}: {exc!r}")
+        else:
+            out["errors"].append("LitServe is not installed (pip install -e '.[bench]')")
+
+        _log("Fibermill end to end")
+        with fibermill_stack(registry, [c.model for c in CASES], tmp) as base:
+            for case in CASES:
+                n = case.new_tokens
+                _log(f"{case.model}: Fibermill c=1, c=32")
+                loads = run_loads(fibermill_send(case.model), base, [
+                    ("c1", [n] * 3, 1, [n] * sizes.c1),
+                    ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32),
+                ])
+                out[(case.model, "fibermill c1")] = loads["c1"]
+                out[(case.model, "fibermill c32")] = loads["c32"]
+            _log("mixed workload: Fibermill c=32, then the short requests alone")
+            plan = [("mixed", budgets[: sizes.warmup], BATCH, budgets)]
+            if shorts:
+                plan.append(("alone", shorts[:1], 1, shorts))
+            loads = run_loads(fibermill_send(BIG.model), base, plan)
+            out[("mixed", "fibermill")] = loads["mixed"]
+            out[("mixed", "fibermill alone")] = loads.get("alone")
+    out["seconds"] = time.perf_counter() - t_start
+    return out
+
+
+# The report -----------------------------------------------------------------------------------
+
+
+def _cells(load: Load | None) -> str:
+    if load is None:
+        return "- | - | - | -"
+    tokens = load.mean_tokens
+    return (f"{load.n} | {load.rps:.1f} | {load.p50 * 1000:.1f} | "
+            f"{'-' if tokens is None else f'{tokens:.0f}'}")
+
+
+def _short_p50(load: Load | None, budgets: Sequence[int]) -> float | None:
+    if load is None:
+        return None
+    xs = [lat for lat, b in zip(load.latencies, budgets, strict=True) if b <= SHORT]
+    return percentile(xs, 0.5) if xs else None
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.1f}"
+
+
+def report(r: dict, header: bool = False, machine: str | None = None) -> list[str]:
+    """The peers section as markdown lines (with the machine and date when `header`)."""
+    sizes: Sizes = r["sizes"]
+    lines = ["## Peers: plain `generate` and LitServe beside Fibermill", ""]
+    if header:
+        when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        lines += [f"Machine: {machine or 'unknown'}. Date: {when}.", ""]
+    lines += [
+        "Produced by services/devstack/bench_peers.py, every figure in the same run. One-prompt",
+        f"requests (\"{PROMPT}\"), greedy, every row making its full budget; batches of at most",
+        f"{BATCH} everywhere (the registry's max_batch, LitServe's max_batch_size with a "
+        f"{LITSERVE_BATCH_TIMEOUT * 1000:.0f} ms",
+        "batch timeout). generate: transformers `generate` in process, batches of 32, left",
+        "padding. Engine: Fibermill's worker engine fed directly, bursts of 32 announced through",
+        "`Engine.arrival`. LitServe runs the same `generate` code in its own process. Fibermill:",
+        "Redis, API and one CPU worker, one request per job (`Prefer: wait=60`). c=N: N",
+        "closed-loop clients (asyncio + httpx), each sending its next request when its answer",
+        "is in. In process, a request's latency is its batch's (or burst's) time. gpt2-6x256 is",
+        "GPT-2 with 6 layers x 256 wide (4 heads, tiny-gpt2's 1000-token vocabulary), seeded",
+        "random weights built at run time.",
+        "",
+    ]
+    rows = [("transformers `generate`, batches of 32, in process", "generate"),
+            ("Fibermill engine, bursts of 32, in process", "engine"),
+            ("LitServe, c=1", "litserve c1"), ("LitServe, c=32", "litserve c32"),
+            ("Fibermill end to end, c=1", "fibermill c1"),
+            ("Fibermill end to end, c=32", "fibermill c32")]
+    for case in CASES:
+        lines += [f"{case.model}, {case.new_tokens} new tokens:", "",
+                  "| contender | requests | req/s | p50 (ms) | tokens/req |",
+                  "|---|---|---|---|---|"]
+        for label, key in rows:
+            lines.append(f"| {label} | {_cells(r.get((case.model, key)))} |")
+        lines.append("")
+
+    def rps(model: str, key: str) -> float | None:
+        load = r.get((model, key))
+        return None if load is None else load.rps
+
+    def p50(model: str, key: str) -> float | None:
+        load = r.get((model, key))
+        return None if load is None else load.p50
+
+    lines += ["Ratios (req/s over req/s; for latency, Fibermill's p50 over LitServe's, lower is",
+              "better for Fibermill):", "",
+              "| ratio | " + " | ".join(c.model for c in CASES) + " |",
+              "|---|" + "---|" * len(CASES)]
+    ratios = [
+        ("Fibermill c=32 / generate", lambda m: ratio(rps(m, "fibermill c32"), rps(m, "generate"))),
+        ("Fibermill c=32 / LitServe c=32",
+         lambda m: ratio(rps(m, "fibermill c32"), rps(m, "litserve c32"))),
+        ("engine in process / generate", lambda m: ratio(rps(m, "engine"), rps(m, "generate"))),
+        ("c=1 p50, Fibermill / LitServe",
+         lambda m: ratio(p50(m, "fibermill c1"), p50(m, "litserve c1"))),
+    ]
+    for label, f in ratios:
+        lines.append(f"| {label} | " + " | ".join(f(c.model) for c in CASES) + " |")
+
+    budgets = r["mixed_budgets"]
+    n_short = sum(1 for b in budgets if b <= SHORT)
+    lo, hi = MIXED_RANGE
+    lines += ["", f"Mixed lengths on {BIG.model}: {len(budgets)} requests, max_new_tokens uniform "
+              f"in {lo}..{hi} (seed {MIXED_SEED}, {sum(budgets)} tokens in all), {n_short} short "
+              f"(<= {SHORT}).",
+              "generate: static batches of 32 in arrival order, each padded to its longest "
+              "budget. Fibermill: end to end,",
+              "c=32 closed loop. Short alone: the same short requests one at a time (generate: a "
+              "batch of one; Fibermill: c=1).", "",
+              "| contender | req/s | useful tokens/s | short p50 under load (ms) | "
+              "short p50 alone (ms) | under load / alone |",
+              "|---|---|---|---|---|---|"]
+    mixed_ratio = None
+    for label, key in (("transformers `generate`, static batches of 32", "generate"),
+                       ("Fibermill end to end, c=32", "fibermill")):
+        load, alone = r.get(("mixed", key)), r.get(("mixed", f"{key} alone"))
+        if load is None:
+            lines.append(f"| {label} | - | - | - | - | - |")
+            continue
+        under = _short_p50(load, budgets)
+        alone_p50 = alone.p50 if alone is not None and alone.n else None
+        lines.append(f"| {label} | {load.rps:.1f} | {sum(budgets) / load.seconds:.0f} | "
+                     f"{_ms(under)} | {_ms(alone_p50)} | {ratio(under, alone_p50)} |")
+    g, f = r.get(("mixed", "generate")), r.get(("mixed", "fibermill"))
+    if g is not None and f is not None:
+        mixed_ratio = ratio(f.rps, g.rps)
+    lines += ["", f"Mixed-length throughput, Fibermill / static `generate`: {mixed_ratio or '-'}."]
+    lines += ["", f"Requests per measurement: c=1 {sizes.c1}, c=32 {sizes.c32} (after "
+              f"{sizes.warmup} warm-up), in process {sizes.reps} x {BATCH} (after one warm-up "
+              f"batch). The peers section took {r.get('seconds', 0):.0f} s."]
+    for err in r.get("errors", []):
+        lines += ["", f"Not measured: {err}"]
+    return lines
+
+
+def main() -> None:
+    from services.devstack.bench import machine
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a short smoke run (few requests)")
+    ap.add_argument("--out", type=Path, help="also write the report to this file")
+    args = ap.parse_args()
+    lines = report(run(QUICK if args.quick else FULL), header=True, machine=machine())
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The peers benchmark's pure helpers (no benchmark runs here)."""
+
+import asyncio
+
+import pytest
+
+from services.devstack import bench_peers as bp
+from shared.registry import ModelRegistry
+
+
+def test_percentile_interpolates_between_ranks():
+    assert bp.percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
+    assert bp.percentile([4.0, 1.0, 3.0, 2.0], 0.0) == 1.0
+    assert bp.percentile([4.0, 1.0, 3.0, 2.0], 1.0) == 4.0
+    assert bp.percentile([7.0], 0.9) == 7.0
+    with pytest.raises(ValueError):
+        bp.percentile([], 0.5)
+
+
+def test_ratio_formats_and_leaves_missing_sides_out():
+    assert bp.ratio(3.0, 2.0) == "1.50x"
+    assert bp.ratio(None, 2.0) == "-"
+    assert bp.ratio(1.0, 0.0) == "-"
+
+
+def test_mixed_budgets_are_seeded_and_in_range():
+    budgets = bp.mixed_budgets(500, seed=3)
+    assert budgets == bp.mixed_budgets(500, seed=3)
+    assert budgets != bp.mixed_budgets(500, seed=4)
+    assert len(budgets) == 500
+    assert min(budgets) >= 8 and max(budgets) <= 128
+    assert min(budgets) == 8 and max(budgets) == 128  # both ends are drawn (inclusive range)
+
+
+def test_static_batches_keep_arrival_order():
+    batches = bp.static_batches(list(range(70)), 32)
+    assert [len(b) for b in batches] == [32, 32, 6]
+    assert [i for b in batches for i in b] == list(range(70))
+
+
+def test_closed_loop_keeps_at_most_concurrency_in_flight():
+    in_flight, most = 0, 0
+    seen = []
+
+    async def send(budget: int) -> int:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.001)
+        in_flight -= 1
+        seen.append(budget)
+        return budget
+
+    budgets = list(range(20))
+    load = asyncio.run(bp.closed_loop(send, budgets, 4))
+    assert most == 4
+    assert sorted(seen) == budgets
+    assert load.tokens == budgets  # in request order
+    assert load.n == 20 and all(lat > 0 for lat in load.latencies)
+
+
+def test_registry_serves_both_models_at_batch_32(tmp_path):
+    path = bp.write_registry(tmp_path / "registry.yaml", tmp_path / "big")
+    registry = ModelRegistry.load(path)
+    tiny, big = registry.get(bp.TINY.model), registry.get(bp.BIG.model)
+    assert tiny.max_batch == big.max_batch == 32
+    assert tiny.path.name == "tiny-gpt2" and tiny.path.is_absolute()
+    assert big.path == tmp_path / "big"
+    assert big.defaults.max_new_tokens == 64 and big.limits.max_new_tokens == 128
+
+
+def test_report_shows_missing_measurements_as_dashes():
+    load = bp.Load(2.0, [0.1, 0.2, 0.3, 0.4], [16, 16, 16, 16])
+    budgets = [8, 100, 16, 64]
+    results = {"sizes": bp.QUICK, "errors": ["LitServe is not installed"],
+               "mixed_budgets": budgets, "seconds": 1.0,
+               ("tiny-gpt2", "generate"): load, ("tiny-gpt2", "fibermill c32"): load,
+               ("mixed", "fibermill"): bp.Load(1.0, [0.1, 0.5, 0.2, 0.4], budgets)}
+    text = "\n".join(bp.report(results))
+    assert "| transformers `generate`, batches of 32, in process | 4 | 2.0 | 250.0 | 16 |" in text
+    assert "| LitServe, c=32 | - | - | - | - |" in text
+    assert "| Fibermill c=32 / generate | 1.00x | - |" in text
+    # short requests (8 and 16 new tokens) under load: 0.1 s and 0.2 s
+    assert "| Fibermill end to end, c=32 | 4.0 | 188 | 150.0 | - | - |" in text
+    assert "Not measured: LitServe is not installed" in text
