@@ -48,3 +48,9 @@ DEVICE_SYNCS = Counter(
     "Times the host waited for the device (output: final copy of results; poll: early exit)",
     ["model", "reason"],
 )
+BATCHES_ISOLATED = Counter(
+    "fibermill_batches_isolated",
+    "Batches (or text decoder iterations) that failed and were re-run item by item, so that only "
+    "the items that fail alone fail",
+    ["model"],
+)

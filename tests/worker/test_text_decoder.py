@@ -354,3 +354,27 @@ def test_a_waiting_item_that_is_withdrawn_leaves_at_once(model_dir: Path, loop: 
         return await long
 
     assert loop.run(scenario()).tokens == 500
+
+
+def test_one_poison_row_fails_alone_and_the_rows_beside_it_succeed(
+    pipeline: CausalLMTextPipeline, loop: Loop
+):
+    # A top_k no float can hold (the API refuses it; a crafted sub-request could carry it).
+    poison = TextItem(prompt=PROMPTS[0], max_new_tokens=6, temperature=1.0, top_k=10**400)
+    items = [TextItem(prompt=p, max_new_tokens=6 + i, temperature=0.8 * (i % 2), seed=i)
+             for i, p in enumerate(PROMPTS[1:5])]
+    reference = alone(pipeline, items)
+    engine = Engine(pipeline)
+
+    async def together():
+        engine.intake.expected = 5  # announced together: one prefill holds them all
+        futures = []
+        for item in [*items[:2], poison, *items[2:]]:
+            engine.intake.expected -= 1
+            futures.append(engine.submit(item))
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    results = loop.run(together())
+    assert isinstance(results[2], OverflowError)
+    assert [*results[:2], *results[3:]] == reference
+    assert not pipeline.decoder.running and not pipeline.decoder.waiting

@@ -7,6 +7,7 @@ once with PipelineStopped while the rest of its batch runs on.
 """
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -17,6 +18,8 @@ from services.worker.pipelines.base import GraphPipeline, ImageResult, Pipeline,
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text_decoder import Decoder
 from shared.messages import ImageItem, TextItem
+
+log = logging.getLogger(__name__)
 
 
 class Arrival:
@@ -77,8 +80,29 @@ class Engine:
         self.intake.pump()
 
     async def _run(self, group: list[Pending]) -> None:
-        loop = asyncio.get_running_loop()
         metrics.BATCH_SIZE.labels(self.model).observe(len(group))
+        try:
+            await self._run_batch(group)
+        except Exception as exc:
+            if len(group) == 1:
+                _settle(group[0].future, None, exc)
+                return
+            # One item's error must not fail its neighbours: run each one alone, and fail
+            # only those that fail alone (each item's result is the same alone or batched).
+            log.warning("a batch of %d %s items failed (%s: %s); running them one by one",
+                        len(group), self.model, type(exc).__name__, exc)
+            metrics.BATCHES_ISOLATED.labels(self.model).inc()
+            for p in group:
+                if p.future.done():
+                    continue
+                try:
+                    await self._run_batch([p])
+                except Exception as alone:
+                    _settle(p.future, None, alone)
+
+    async def _run_batch(self, group: list[Pending]) -> None:
+        """Run the group as one batch and settle every future; raise what failed it."""
+        loop = asyncio.get_running_loop()
 
         def stopped(i: int) -> None:
             # Called on the device thread between steps.
@@ -87,12 +111,7 @@ class Engine:
         batch = Batch(
             [p.item for p in group], [p.should_stop for p in group], on_stop=stopped
         )
-        try:
-            results = await self.pipeline.run_async(batch)
-        except Exception as exc:
-            for p in group:
-                _settle(p.future, None, exc)
-            return
+        results = await self.pipeline.run_async(batch)
         for p, result in zip(group, results, strict=True):
             _settle(p.future, result, None)
 

@@ -55,6 +55,7 @@ class Waiting:
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.monotonic)
     withdrawn: Callable[[], bool] | None = None  # checked while waiting; never counts a step
+    isolate: bool = False  # in an iteration that failed: runs alone next, to see if it fails
 
     @property
     def gone(self) -> bool:
@@ -142,12 +143,8 @@ class Decoder:
             try:
                 settles = await loop.run_in_executor(self.p.device_executor, self._iterate,
                                                      admit)
-            except Exception as exc:  # the model failed: every row it held fails with it
-                log.exception("text decode iteration failed")
-                settles = [(r.waiting, None, exc) for r in self.running]
-                settles += [(w, None, exc) for w in admit]
-                self.running.clear()
-                self.cache.column = 0
+            except Exception as exc:
+                settles = self._failed(admit, exc)
             for waiting, result, exc in settles:
                 if waiting.loop is loop:
                     _settle(waiting.future, result, exc)
@@ -166,10 +163,37 @@ class Decoder:
         return False
 
     def _admissible(self) -> list[Waiting]:
-        admit = []
+        """Waiting items for the free slots, in order; an isolated one only alone."""
+        admit: list[Waiting] = []
         while self.waiting and len(self.running) + len(admit) < self.slots:
+            if self.waiting[0].isolate:
+                if not self.running and not admit:
+                    admit.append(self.waiting.popleft())
+                break
             admit.append(self.waiting.popleft())
         return admit
+
+    def _failed(self, admit: list[Waiting], exc: Exception) -> list[Settle]:
+        """The model raised in an iteration. Alone, its row fails; with others, every row of
+        the iteration runs again alone, so that only the rows that fail alone fail (their
+        tokens come out the same: greedy, or their own seeded draws)."""
+        held = [r for r in self.running if not r.stopped]
+        settles: list[Settle] = [(r.waiting, None, PipelineStopped()) for r in self.running
+                                 if r.stopped]
+        rows = [r.waiting for r in held] + admit
+        self.running.clear()
+        self.cache.column = 0
+        if len(rows) == 1 and (rows[0].isolate or not settles):
+            log.warning("a %s text row failed alone: %s: %s", self.p.spec.name,
+                        type(exc).__name__, exc)
+            return [*settles, (rows[0], None, exc)]
+        log.warning("a %s decode iteration with %d rows failed (%s: %s); running them alone",
+                    self.p.spec.name, len(rows), type(exc).__name__, exc)
+        metrics.BATCHES_ISOLATED.labels(self.p.spec.name).inc()
+        for w in reversed(rows):
+            w.isolate = True
+            self.waiting.appendleft(w)
+        return settles
 
     # Device thread side ----------------------------------------------------------------------
 

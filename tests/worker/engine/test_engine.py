@@ -151,8 +151,8 @@ def stop_after(steps: int) -> Callable[[], bool]:
 
 
 def test_slots_under_failures_and_cancellations(model_dir):
-    """A model failure fails exactly the rows the decoder held then; cancels end their rows;
-    every other row succeeds, and the decoder ends with its slots free."""
+    """A model failure in an iteration re-runs its rows alone: only the rows that fail alone
+    fail; cancels end their rows; every other row succeeds, and the slots end free."""
     spec = ModelSpec(name="faults-gpt2", kind="causal-lm", path=model_dir / "tiny-gpt2",
                      max_batch=8, defaults={"max_new_tokens": 6})
     pipeline = CausalLMTextPipeline(spec, CPU)
@@ -185,15 +185,16 @@ def test_slots_under_failures_and_cancellations(model_dir):
         with ThreadPoolExecutor(2 * spec.max_batch) as pool:
             outcomes = list(pool.map(one, jobs))
         in_failed = set().union(*failed)
+        assert len(in_failed) > sum(k == "FAIL" for k, _ in jobs)  # failures hit neighbours
         for kind, prompt, out in outcomes:
-            if prompt in in_failed:
+            if kind == "FAIL":
                 assert isinstance(out, RuntimeError) and "injected" in str(out), (prompt, out)
             elif kind == "CANCEL":
                 assert isinstance(out, PipelineStopped), (prompt, out)
             else:
                 assert out.finish_reason in ("stop", "length") and out.tokens >= 1, (prompt, out)
         assert failed and sum(isinstance(o, PipelineStopped) for _, _, o in outcomes) >= 10
-        assert sum(isinstance(o, TextResult) for _, _, o in outcomes) >= 300
+        assert sum(isinstance(o, TextResult) for _, _, o in outcomes) == kinds.count("OK")
         assert not decoder.running and not decoder.waiting and decoder.cache.column == 0
     finally:
         host.close()
@@ -215,3 +216,31 @@ def test_cancelled_item_ends_at_once_while_its_batch_runs_on(text_host):
     results = asyncio.run_coroutine_threadsafe(together(), text_host.loop).result(60)
     assert isinstance(results[2], PipelineStopped)
     assert [results[i] for i in (0, 1, 3)] == [alone[i] for i in (0, 1, 3)]
+
+
+def test_one_bad_image_item_fails_alone_and_its_batch_mates_succeed(digits_pipeline):
+    """A class label the model does not have (as a crafted sub-request could carry) fails the
+    batch it is in; the batch is re-run item by item and only that item fails."""
+    items = [ImageItem(prompt=str(d), width=16, height=16, steps=5, guidance_scale=2.0, seed=d,
+                       class_label=label) for d, label in [(1, 1), (2, 10_000), (3, 3), (4, 4)]]
+    good = [items[i] for i in (0, 2, 3)]
+    alone = [pixels(digits_pipeline.run([it])[0].png) for it in good]
+    host = Host(Engine(digits_pipeline))
+    isolated = metrics.BATCHES_ISOLATED.labels("digits")._value.get()
+    try:
+        async def together():
+            engine = host.engine
+            engine.intake.expected = len(items)  # one batch: all announced before any runs
+            futures = []
+            for it in items:
+                engine.intake.expected -= 1
+                futures.append(engine.submit(it))
+            return await asyncio.gather(*futures, return_exceptions=True)
+
+        results = asyncio.run_coroutine_threadsafe(together(), host.loop).result(120)
+    finally:
+        host.close()
+    assert isinstance(results[1], ValueError) and "class label" in str(results[1])
+    for got, want in zip((results[0], results[2], results[3]), alone, strict=True):
+        assert np.abs(pixels(got.png) - want).max() <= 1
+    assert metrics.BATCHES_ISOLATED.labels("digits")._value.get() == isolated + 1
