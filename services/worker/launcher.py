@@ -24,6 +24,8 @@ from shared.settings import Settings, get_settings
 
 log = logging.getLogger("fibermill.launcher")
 RESTART_BACKOFF_SECONDS = (1, 2, 5, 10, 30)
+# A child that ran this long was healthy: its next crash starts the backoff over.
+HEALTHY_SECONDS = 60.0
 # Past the drain and its stop grace: time for a child to withdraw and exit before it is killed.
 KILL_MARGIN_SECONDS = 10.0
 
@@ -34,7 +36,14 @@ class Slot:
     device: str  # "cuda" or "cpu"
     visible: str  # the CUDA_VISIBLE_DEVICES value for this child
     proc: subprocess.Popen | None = None
-    restarts: int = 0
+    restarts: int = 0  # crashes in a row, each after less than HEALTHY_SECONDS of running
+    started_at: float = 0.0  # time.monotonic()
+
+    def restart_delay(self) -> float:
+        """The wait before restarting this slot's child, which just exited."""
+        if time.monotonic() - self.started_at >= HEALTHY_SECONDS:
+            self.restarts = 0
+        return RESTART_BACKOFF_SECONDS[min(self.restarts, len(RESTART_BACKOFF_SECONDS) - 1)]
 
 
 def plan(settings: Settings) -> list[Slot]:
@@ -95,6 +104,7 @@ def start(settings: Settings, slot: Slot, n_slots: int) -> None:
     slot.proc = subprocess.Popen(
         command(settings, slot, name), env=environment(settings, slot, name, n_slots)
     )
+    slot.started_at = time.monotonic()
     log.info("started worker %s (pid %d)", name, slot.proc.pid)
 
 
@@ -123,7 +133,7 @@ def main() -> int:
         for s in slots:
             if stopping or s.proc.poll() is None:
                 continue
-            delay = RESTART_BACKOFF_SECONDS[min(s.restarts, len(RESTART_BACKOFF_SECONDS) - 1)]
+            delay = s.restart_delay()
             log.warning(
                 "worker slot %d exited with %s; restarting in %ss",
                 s.index,

@@ -72,3 +72,19 @@ def test_a_child_that_will_not_exit_is_killed_after_its_drain(settings, monkeypa
     assert [p.returncode for p in children] == [0, -signal.SIGKILL]
     # SIGTERM at 1 s, then drain (1) + stop grace (0.5) + margin (0.5) before the kill.
     assert 2.8 < t_end - t0 < 8
+
+
+def test_restart_backoff_grows_and_resets_after_a_healthy_run(monkeypatch):
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock["now"])
+    slot = launcher.Slot(0, "cpu", "")
+    delays = []
+    for _ in range(7):  # crashes right after each start
+        slot.started_at = clock["now"]
+        clock["now"] += 1
+        delays.append(slot.restart_delay())
+        slot.restarts += 1
+    assert delays == [1, 2, 5, 10, 30, 30, 30]
+    slot.started_at = clock["now"]
+    clock["now"] += launcher.HEALTHY_SECONDS  # then a healthy minute before the next crash
+    assert slot.restart_delay() == 1
