@@ -32,15 +32,22 @@ class Batch:
         self._on_stop = on_stop
         self.stop_all = stop_all
         self._leases = ExitStack()
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self.items)
 
     def hold(self, lease: AbstractContextManager) -> Any:
-        """Enter a lease for the rest of the batch; it is returned when the batch closes."""
+        """Enter a lease for the rest of the batch; it is returned when the batch closes. A
+        batch that has closed takes no more: the lease goes back at once."""
+        if self.closed:
+            with lease:
+                pass
+            raise PipelineStopped
         return self._leases.enter_context(lease)
 
     def close(self) -> None:
+        self.closed = True
         self._leases.close()
 
     def check_stops(self) -> None:

@@ -8,6 +8,7 @@ order. Each operator is timed into `fibermill_phase_duration_seconds{model,phase
 """
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -72,6 +73,8 @@ class Scheduler:
         finally:
             for t in tasks:
                 t.cancel()  # a failed element fails the split; stop the rest
+            # ...and wait for them: an operator still running may use the batch's buffers.
+            await _settled(asyncio.gather(*tasks, return_exceptions=True))
         return joined
 
     async def _run(self, op: Operator, value: Any, batch: Batch) -> Any:
@@ -81,12 +84,28 @@ class Scheduler:
             )
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
-        out = await loop.run_in_executor(self.executors[op.executor], op.run, value, batch)
+        running = loop.run_in_executor(self.executors[op.executor], op.run, value, batch)
+        try:
+            out = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: the operator runs on with the batch's buffers, so
+            # the batch must not end (and give them back) before it has.
+            await _settled(running)
+            raise
         if self._observe is not None:
             self._observe(self.model, op.name, time.perf_counter() - t0)
         if not isinstance(out, op.output_type):
             raise GraphError(f"{op.name} promised {op.output_type}, returned {type(out).__name__}")
         return out
+
+
+async def _settled(aw: asyncio.Future) -> None:
+    """Wait until `aw` is done, through any number of cancellations of the waiter."""
+    while not aw.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([aw])
+    if not aw.cancelled():
+        aw.exception()  # retrieved: the caller reports what ended it
 
 
 _cpu_lock = threading.Lock()
