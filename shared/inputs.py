@@ -13,8 +13,15 @@ Prompt = Annotated[str, StringConstraints(min_length=1)]
 Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
+# Bounds of fields whose values reach the model as numbers: an unbounded one is a way to fail
+# every request batched with it.
+MAX_TOP_K = 1000
+MAX_STOP_CHARS = 256
+
+
 class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and Infinity are refused everywhere: no bound catches NaN.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     prompts: list[Prompt] = Field(min_length=1)
     seed: Seed | None = None
@@ -38,8 +45,8 @@ class TextGenerationInput(_Input):
     max_new_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 means greedy decoding")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 disables top-k filtering")
-    stop: list[Prompt] = []
+    top_k: int = Field(0, ge=0, le=MAX_TOP_K, description="0 disables top-k filtering")
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]] = []
 
     def check_limits(self, spec: ModelSpec) -> None:
         if spec.task != "text-generation":

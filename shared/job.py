@@ -33,7 +33,7 @@ DEFAULT_PRIORITY = 5
 class JobOptions(BaseModel):
     """Request fields beyond the task's input: delivery, priority, deadline."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     webhook: AnyHttpUrl | None = None
     webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: ["completed"])
     priority: int = Field(DEFAULT_PRIORITY, ge=0, le=MAX_PRIORITY, description="0 is highest")

@@ -1,9 +1,12 @@
 """The one place where domain errors become HTTP responses."""
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -67,6 +70,24 @@ async def _domain_error(_request: Request, exc: FibermillError) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
+async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    # FastAPI's own answer, except that values JSON cannot carry (NaN, Infinity) are echoed
+    # as text: its default handler fails to encode them and answers 500.
+    errors = [{**e, "input": _json_safe(e["input"])} if "input" in e else e
+              for e in exc.errors()]
+    return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:
     log.warning("redis unavailable: %s", exc)
     return JSONResponse(
@@ -78,5 +99,6 @@ async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(FibermillError, _domain_error)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(RedisConnectionError, _redis_down)
     app.add_exception_handler(RedisTimeoutError, _redis_down)

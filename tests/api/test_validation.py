@@ -1,5 +1,7 @@
 """Bad input gets a 422 naming the field, and nothing is stored or enqueued."""
 
+import json
+
 import pytest
 import redis
 from fastapi.testclient import TestClient
@@ -131,3 +133,45 @@ def test_seed_is_chosen_and_stored_when_absent(client):
 def test_readyz_without_workers_is_503(client):
     assert client.get("/healthz").status_code == 200
     assert client.get("/readyz").status_code == 503
+
+
+TEXT = {"task": "text-generation", "model": "tiny-gpt2"}
+IMAGE = {"task": "image-generation", "model": "tiny-sd"}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({**TEXT, "input": {"prompts": ["x"], "temperature": "NaN"}}, "temperature"),
+        ({**TEXT, "input": {"prompts": ["x"], "top_p": "NaN"}}, "top_p"),
+        ({**TEXT, "input": {"prompts": ["x"]}, "deadline_seconds": "NaN"}, "deadline_seconds"),
+        ({**TEXT, "input": {"prompts": ["x"]}, "deadline_seconds": "Infinity"},
+         "deadline_seconds"),
+        ({**IMAGE, "input": {"prompts": ["x"], "guidance_scale": "-Infinity"}},
+         "guidance_scale"),
+    ],
+)
+def test_non_finite_numbers_are_a_422_naming_the_field(client, body, field, redis_url):
+    # Python's json writes NaN and Infinity as bare words, as a sloppy client would send them.
+    raw = json.dumps(body).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity") \
+        .replace('"-Infinity"', "-Infinity")
+    resp = client.post("/v1/jobs", content=raw, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422, resp.text
+    assert any(f.endswith(field) for f in _fields(resp))
+    assert queued(redis_url, body["model"]) == 0
+
+
+@pytest.mark.parametrize("top_k", [1001, 10**400])
+def test_top_k_is_bounded(client, top_k):
+    resp = client.post("/v1/jobs", json={**TEXT, "input": {"prompts": ["x"], "top_k": top_k,
+                                                           "temperature": 1.0}})
+    assert resp.status_code == 422
+    assert any(f.endswith("top_k") for f in _fields(resp))
+    assert "1000" in resp.text
+
+
+def test_a_stop_string_is_bounded(client):
+    resp = client.post("/v1/jobs", json={**TEXT, "input": {"prompts": ["x"],
+                                                           "stop": ["y" * 257]}})
+    assert resp.status_code == 422
+    assert any("stop" in f for f in _fields(resp))
