@@ -7,8 +7,12 @@ Celery hands over to the runtime.
 """
 
 import logging
+import time
 
 from celery import signals
+from celery.exceptions import Reject
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.worker.exits import ExitReason, exit_worker
 from services.worker.metrics_server import serve_metrics
@@ -54,6 +58,19 @@ def _stop(**_) -> None:
         _runtime.stop()
 
 
+# Before a message that could not be recorded is handed back: a Redis that is away for a moment
+# should not see the same message bounce at full speed.
+REQUEUE_PAUSE_SECONDS = 1.0
+
+
 @app.task(name=RUN_SUBREQUEST_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_subrequest(self, payload: dict) -> str:
-    return _runtime.handle(SubRequest.from_task_arg(payload)).value
+    sub = SubRequest.from_task_arg(payload)
+    try:
+        return _runtime.handle(sub).value
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        # Nothing could be recorded (no lease, or no result): acknowledging would lose the
+        # sub-request, so the message goes back to its queue for another try.
+        log.warning("could not record %s (%s); handing its message back", sub.member, exc)
+        time.sleep(REQUEUE_PAUSE_SECONDS)
+        raise Reject(exc, requeue=True) from exc
