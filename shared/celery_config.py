@@ -1,6 +1,9 @@
 """The Celery configuration both sides use: the API to send sub-requests, workers to run them."""
 
+from contextlib import contextmanager
+
 from celery import Celery
+from kombu.transport import redis as kombu_redis
 
 from shared.settings import Settings
 
@@ -10,9 +13,56 @@ PRIORITY_STEPS = list(range(10))
 PRIORITY_SEP = ":"
 
 
+class QoS(kombu_redis.QoS):
+    """kombu's ack emulation (a delivered message is kept in `unacked` until acknowledged, and
+    restored to its queue if its consumer is lost), its two bookkeeping steps each sent as a
+    plain pipeline rather than MULTI/EXEC: 2 commands per step instead of 4. Each step's two
+    commands still travel together and are run back to back; the one reader of both keys,
+    `restore_visible`, only looks at entries older than the visibility timeout."""
+
+    @contextmanager
+    def pipe_or_acquire(self, pipe=None, client=None):
+        if pipe:
+            yield pipe
+        else:
+            with self.channel.conn_or_acquire(client) as client:
+                yield client.pipeline(transaction=False)
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel, but its short commands (the ack emulation's, two per message)
+    reuse one client of the channel's pool instead of building a `redis.Redis` each time,
+    which costs more than the commands themselves."""
+
+    QoS = QoS
+    _short_client = None
+
+    @contextmanager
+    def conn_or_acquire(self, client=None):
+        if client:
+            yield client
+            return
+        pool = self.pool  # a new one after a reconnect: then a new client
+        short = self._short_client
+        if short is None or short.connection_pool is not pool:
+            short = self._short_client = self._create_client()
+        yield short
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with the channel above (`broker_transport`): the same keys, the
+    same messages and the same guarantees, in 6 commands per message instead of 10."""
+
+    Channel = Channel
+
+
+TRANSPORT = f"{__name__}:Transport"
+
+
 def make_celery(settings: Settings, name: str = "fibermill") -> Celery:
     app = Celery(name, broker=settings.redis_url)
     app.conf.update(
+        broker_transport=TRANSPORT,
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",

@@ -3,9 +3,10 @@
 Every change is one atomic Lua script (shared/lua.py). Timestamps are epoch seconds.
 """
 
+import itertools
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -13,10 +14,28 @@ import redis.asyncio as aioredis
 from shared import lua, names
 from shared.errors import InvalidTransition, JobNotFound
 from shared.job import FINAL_STATUSES, JobMeta, JobStatus, WebhookDelivery
-from shared.messages import DeadLetter, JobError, LeaseOutcome, SubRequest, SubResult
+from shared.messages import (
+    CancelNotice,
+    DeadLetter,
+    JobError,
+    LeaseOutcome,
+    StatusEvent,
+    SubRequest,
+    SubResult,
+)
 
 STREAM_MAXLEN = 100_000
 JOBS_INDEX_SIZE = 1000  # recent jobs listed per API key
+TRIM_INDEX_EVERY = 16  # creates between two trims of an owner's index (it may pass the size
+# by what this many creates add, per replica, in between)
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """The sub-request messages to push onto the queue in the step that stores their job."""
+
+    queue: str  # the Redis list (kombu's list for the job's model and priority)
+    messages: list[bytes]
 
 
 @dataclass
@@ -62,13 +81,20 @@ class JobStore:
         self._release = redis.register_script(lua.RELEASE_LEASE)
         self._claim_expired = redis.register_script(lua.CLAIM_EXPIRED)
         self._hand_back = redis.register_script(lua.HAND_BACK_LEASE)
+        self._create = redis.register_script(lua.CREATE_JOB)
+        self._creates = itertools.count()
 
     # Jobs -----------------------------------------------------------------------------------
 
     async def create(
         self, job_id: str, task: str, model: str, input: dict[str, Any], total: int,
-        meta: JobMeta | None = None,
+        meta: JobMeta | None = None, enqueue: Enqueue | None = None,
     ) -> JobRecord:
+        """Store a new job and put its sub-requests in the model's backlog, in one step.
+
+        With `enqueue`, its sub-request messages go onto the queue in that same step. Without,
+        the caller sends them and then calls `mark_dispatched`; until then the job is marked as
+        being dispatched, so that if the caller dies half-way the janitor sends the rest."""
         now = time.time()
         meta = meta or JobMeta()
         mapping = {
@@ -79,22 +105,22 @@ class JobStore:
             "total": total,
             "status": JobStatus.QUEUED.value,
             "created_at": repr(now),
+            "done": 0,  # kept equal to the size of its results hash by STORE_RESULT
+            # The webhook events the job wants, read by the scripts (ACQUIRE_LEASE).
+            "hooks": ",".join(meta.webhook_events_filter) if meta.webhook else "",
         }
-        # The job and its "being dispatched" mark are written together: if this process dies
-        # before every sub-request is on the queue, the janitor finds the mark and re-sends.
-        # Its sub-requests join the model's backlog in the same step, before any is sent, so
-        # a result stored at once by a fast worker can never precede (and outlive) the add.
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(names.job_key(job_id), mapping=mapping)
-            pipe.zadd(names.DISPATCHING, {job_id: now})
-            if total:
-                pipe.zadd(names.backlog_key(model), {f"{job_id}:{i}": now for i in range(total)})
-            if meta.deadline_seconds is not None:
-                pipe.zadd(names.DEADLINES, {job_id: now + meta.deadline_seconds})
-            index = names.jobs_index_key(meta.owner)
-            pipe.zadd(index, {job_id: now})
-            pipe.zremrangebyrank(index, 0, -JOBS_INDEX_SIZE - 1)
-            await pipe.execute()
+        fields = [str(x) for kv in mapping.items() for x in kv]
+        trim = next(self._creates) % TRIM_INDEX_EVERY == 0
+        deadline = now + meta.deadline_seconds if meta.deadline_seconds is not None else None
+        await self._create(
+            keys=[names.job_key(job_id), names.backlog_key(model),
+                  names.jobs_index_key(meta.owner), names.DEADLINES, names.DISPATCHING,
+                  enqueue.queue if enqueue else names.DISPATCHING],
+            args=[job_id, repr(now), total, repr(deadline) if deadline is not None else "",
+                  JOBS_INDEX_SIZE if trim else "", "1" if enqueue else "0", len(fields),
+                  *fields,
+                  *(enqueue.messages if enqueue else ())],
+        )
         return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, now, meta=meta)
 
     async def recent(self, owner: str | None, limit: int) -> list[JobRecord]:
@@ -120,30 +146,33 @@ class JobStore:
         return [i.decode() for i in ids if await self.redis.zrem(names.DISPATCHING, i)]
 
     async def get(self, job_id: str) -> JobRecord:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(names.job_key(job_id))
-            pipe.hlen(names.results_key(job_id))
+        """The job as stored: one HGETALL, plus a second round trip only for a job with a
+        webhook (its delivery attempts) or one stored before jobs counted their results."""
+        raw = await self.redis.hgetall(names.job_key(job_id))
+        rec = _record(job_id, raw)
+        legacy = b"done" not in raw
+        if rec.meta.webhook is None and not legacy:
+            return rec
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.lrange(names.webhooks_key(job_id), 0, -1)
-            raw, done, deliveries = await pipe.execute()
-        if not raw or b"task" not in raw:
-            raise JobNotFound(job_id)
-        h = {k.decode(): v for k, v in raw.items()}
-        return JobRecord(
-            id=job_id,
-            task=h["task"].decode(),
-            model=h["model"].decode(),
-            status=JobStatus(h["status"].decode()),
-            input=json.loads(h["input"]),
-            total=int(h["total"]),
-            created_at=float(h["created_at"]),
-            done=done,
-            started_at=_f(h.get("started_at")),
-            completed_at=_f(h.get("completed_at")),
-            output=json.loads(h["output"]) if h.get("output") else None,
-            error=JobError.model_validate_json(h["error"]) if h.get("error") else None,
-            meta=JobMeta.model_validate_json(h["meta"]) if h.get("meta") else JobMeta(),
-            webhook_deliveries=[WebhookDelivery.model_validate_json(d) for d in deliveries],
-        )
+            if legacy:
+                pipe.hlen(names.results_key(job_id))
+            got = await pipe.execute()
+        rec.webhook_deliveries = [WebhookDelivery.model_validate_json(d) for d in got[0]]
+        if legacy:
+            rec.done = rec.total if rec.status == JobStatus.SUCCEEDED else got[1]
+        return rec
+
+    async def get_with_results(self, job_id: str) -> tuple[JobRecord, dict[int, SubResult]]:
+        """The job (without its webhook deliveries) and its sub-results, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(names.job_key(job_id))
+            pipe.hgetall(names.results_key(job_id))
+            raw, results = await pipe.execute()
+        rec = _record(job_id, raw)
+        # Read after the job: results are only ever added, so this is the newer figure.
+        rec.done = len(results)
+        return rec, {int(k): SubResult.model_validate_json(v) for k, v in results.items()}
 
     async def finalize(
         self,
@@ -151,10 +180,45 @@ class JobStore:
         status: JobStatus,
         output: list[dict[str, Any] | None],
         error: JobError | None = None,
+        *,
+        rec: JobRecord | None = None,
+        all_results: bool = False,
     ) -> bool:
-        """Set a final status with its output once; returns False if the job already was final."""
+        """Set a final status with its output once; returns False if the job already was final.
+        See `finalize_record` for `rec` and `all_results`."""
+        return await self.finalize_record(job_id, status, output, error, rec=rec,
+                                          all_results=all_results) is not None
+
+    async def finalize_record(
+        self,
+        job_id: str,
+        status: JobStatus,
+        output: list[dict[str, Any] | None],
+        error: JobError | None = None,
+        *,
+        rec: JobRecord | None = None,
+        all_results: bool = False,
+    ) -> JobRecord | None:
+        """Set a final status with its output once; returns the job as it became final, or None
+        if it already was final.
+
+        `rec`, the job as the caller read it, spares the script the work the job does not need
+        (no deadline, no webhook, no images) and the read of its model; `all_results` says every
+        sub-result is stored, so none is left in the backlog."""
         if status not in FINAL_STATUSES:
             raise InvalidTransition(f"{status} is not a final status")
+        if rec is None:
+            rec = await self.get(job_id)
+            flags = "*"
+        else:
+            flags = "".join((
+                "b" if rec.task == "image-generation" else "",
+                "w" if rec.meta.webhook is not None else "",
+                "d" if rec.meta.deadline_seconds is not None else "",
+                "f" if rec.meta.wants("completed") else "",
+                "" if all_results else "k",
+            ))
+        now = time.time()
         res = await self._finalize(
             keys=[
                 names.job_key(job_id),
@@ -163,23 +227,28 @@ class JobStore:
                 names.attempts_key(job_id),
                 names.webhooks_key(job_id),
                 names.COMPLETIONS_STREAM,
-                await self._backlog_key(job_id),
+                names.backlog_key(rec.model),
+                names.DEADLINES,
             ],
             args=[
                 status.value,
                 json.dumps(output),
                 error.model_dump_json() if error else "",
-                repr(time.time()),
+                repr(now),
                 self.finished_ttl,
                 job_id,
                 STREAM_MAXLEN,
+                flags,
+                names.FINAL_CHANNEL,
+                names.CANCEL_CHANNEL,
+                CancelNotice(job_id=job_id).encode(),
             ],
         )
         if res == -1:
             raise JobNotFound(job_id)
-        if res == 1:
-            await self.redis.zrem(names.DEADLINES, job_id)
-        return res == 1
+        if res != 1:
+            return None
+        return replace(rec, status=status, output=output, error=error, completed_at=now)
 
     async def record_delivery(self, job_id: str, delivery: WebhookDelivery) -> None:
         """Append a webhook attempt to the job; it expires with the job."""
@@ -197,9 +266,13 @@ class JobStore:
 
     # Sub-results ----------------------------------------------------------------------------
 
-    async def store_result(self, job_id: str, result: SubResult, blob: bytes | None = None) -> int:
-        """Write a sub-result once per (job, index): 1 written, 0 duplicate, -1 gone, -2 final."""
+    async def store_result(self, job_id: str, result: SubResult, blob: bytes | None = None,
+                           model: str | None = None) -> int:
+        """Write a sub-result once per (job, index): 1 written, 0 duplicate, -1 gone, -2 final.
+        The writer's lease on it (`result.worker`) is released in the same step. `model`, the
+        job's model when the caller knows it, saves reading it first."""
         member = f"{job_id}:{result.index}"
+        backlog = names.backlog_key(model) if model else await self._backlog_key(job_id)
         return await self._store_result(
             keys=[
                 names.job_key(job_id),
@@ -208,7 +281,7 @@ class JobStore:
                 names.COMPLETIONS_STREAM,
                 names.LEASES,
                 names.LEASE_OWNERS,
-                await self._backlog_key(job_id),
+                backlog,
             ],
             args=[
                 result.index,
@@ -245,11 +318,13 @@ class JobStore:
         self, sub: SubRequest, worker: str, lease_seconds: float, max_attempts: int
     ) -> LeaseGrant:
         now = time.time()
+        running = StatusEvent(data={"id": sub.job_id, "status": JobStatus.RUNNING.value})
         outcome, detail = await self._acquire(
             keys=[names.job_key(sub.job_id), names.results_key(sub.job_id), names.LEASES,
                   names.LEASE_OWNERS, names.attempts_key(sub.job_id), names.COMPLETIONS_STREAM],
             args=[sub.index, sub.member, worker, repr(now), repr(now + lease_seconds),
-                  max_attempts, sub.job_id, STREAM_MAXLEN],
+                  max_attempts, sub.job_id, STREAM_MAXLEN, names.events_channel(sub.job_id),
+                  running.encode()],
         )
         outcome = LeaseOutcome(outcome.decode())
         counted = outcome in (LeaseOutcome.ACQUIRED, LeaseOutcome.EXHAUSTED)
@@ -297,4 +372,27 @@ class JobStore:
         entry = DeadLetter(subrequest=sub, reason=result.error.message if result.error else "",
                            at=time.time())
         await self.redis.lpush(names.DEAD_LETTER, entry.encode())
-        return await self.store_result(sub.job_id, result)
+        return await self.store_result(sub.job_id, result, model=sub.model)
+
+
+def _record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
+    """A job from its hash (HGETALL); `done` as the scripts keep it, webhook deliveries not
+    read."""
+    if not raw or b"task" not in raw:
+        raise JobNotFound(job_id)
+    h = {k.decode(): v for k, v in raw.items()}
+    return JobRecord(
+        id=job_id,
+        task=h["task"].decode(),
+        model=h["model"].decode(),
+        status=JobStatus(h["status"].decode()),
+        input=json.loads(h["input"]),
+        total=int(h["total"]),
+        created_at=float(h["created_at"]),
+        done=int(h["done"]) if h.get("done") else 0,
+        started_at=_f(h.get("started_at")),
+        completed_at=_f(h.get("completed_at")),
+        output=json.loads(h["output"]) if h.get("output") else None,
+        error=JobError.model_validate_json(h["error"]) if h.get("error") else None,
+        meta=JobMeta.model_validate_json(h["meta"]) if h.get("meta") else JobMeta(),
+    )

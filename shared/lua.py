@@ -10,33 +10,95 @@ local function is_final(s)
 end
 """
 
-# KEYS: job, results, blobs, attempts, webhooks, completion stream, the model's backlog.
-# ARGV: status, output json, error json ('' for none), completed_at, ttl seconds, job id, stream
-# maxlen. Returns 1 when the job became final, 0 if it already was, -1 if gone. The `final`
-# stream entry is written in the same step, so whatever must follow a final state (the
-# `completed` webhook) is done by some API replica even if the one that finalized dies.
-# Every sub-request of the job leaves the backlog in the same step: a final job has none
-# outstanding, whatever its workers still do.
-FINALIZE = (
-    _FINAL
-    + """
-local cur = redis.call('HGET', KEYS[1], 'status')
-if not cur then return -1 end
-if is_final(cur) then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', ARGV[4])
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[3]) end
-for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'job', ARGV[6], 'kind', 'final')
-local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0') or 0
+# KEYS: job, the model's backlog, the owner's jobs index, deadlines, dispatching, the queue's
+# priority list.
+# ARGV: job id, now, total, deadline time ('' for none), index size to trim to ('' not this
+# time), '1' when the messages follow ('0': the caller sends them itself), the number n of hash
+# field/value items that follow, the n items, then the job's sub-request messages.
+# Stores a job and puts its sub-requests in the model's backlog and, in the same step, either
+# pushes its sub-request messages onto the queue (kombu's list for the job's priority), so that
+# a job is never stored half-sent, or, when the caller sends them itself, marks the job as being
+# dispatched for the janitor. Returns 1.
+CREATE_JOB = """
+local n = tonumber(ARGV[7])
+redis.call('HSET', KEYS[1], unpack(ARGV, 8, 7 + n))
+local now, job = ARGV[2], ARGV[1]
 local members = {}
-for i = 0, total - 1 do
-  members[#members + 1] = ARGV[6] .. ':' .. i
-  if #members == 256 then  -- unpack() has a stack limit: remove in chunks
-    redis.call('ZREM', KEYS[7], unpack(members))
+for i = 0, tonumber(ARGV[3]) - 1 do
+  members[#members + 1] = now
+  members[#members + 1] = job .. ':' .. i
+  if #members == 512 then  -- unpack() has a stack limit: add in chunks
+    redis.call('ZADD', KEYS[2], unpack(members))
     members = {}
   end
 end
-if #members > 0 then redis.call('ZREM', KEYS[7], unpack(members)) end
+if #members > 0 then redis.call('ZADD', KEYS[2], unpack(members)) end
+if ARGV[4] ~= '' then redis.call('ZADD', KEYS[4], ARGV[4], job) end
+redis.call('ZADD', KEYS[3], now, job)
+if ARGV[5] ~= '' then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[5]) - 1) end
+if ARGV[6] ~= '1' then
+  redis.call('ZADD', KEYS[5], now, job)
+  return 1
+end
+for i = 8 + n, #ARGV, 256 do
+  redis.call('LPUSH', KEYS[6], unpack(ARGV, i, math.min(i + 255, #ARGV)))
+end
+return 1
+"""
+
+# KEYS: job, results, blobs, attempts, webhooks, completion stream, the model's backlog,
+# deadlines.
+# ARGV: status, output json, error json ('' for none), completed_at, ttl seconds, job id, stream
+# maxlen, what else the job has ('*': anything; else letters: b blobs, w webhook deliveries,
+# d a deadline, f a `completed` webhook, k outstanding sub-requests), the final channel, the
+# cancel channel, the cancel notice.
+# Returns 1 when the job became final, 0 if it already was, -1 if gone. In the same step:
+# - every key of the job gets its TTL;
+# - a `final` stream entry, when the job wants a `completed` webhook, so that it is sent by some
+#   API replica even if the one that finalized dies;
+# - every outstanding sub-request of the job leaves the backlog (a final job has none
+#   outstanding, whatever its workers still do; a caller that knows every result is stored
+#   leaves out `k`: each STORE_RESULT took its own out);
+# - the job's id on the final channel (waiters, live event streams) and, unless it succeeded,
+#   the cancel notice that makes workers drop what they still run of it.
+FINALIZE = (
+    _FINAL
+    + """
+local h = redis.call('HMGET', KEYS[1], 'status', 'total')
+local cur = h[1]
+if not cur then return -1 end
+if is_final(cur) then return 0 end
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', ARGV[4],
+             'error', ARGV[3])
+else
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', ARGV[4])
+end
+local all = ARGV[8] == '*'
+local function has(c) return all or string.find(ARGV[8], c, 1, true) ~= nil end
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('EXPIRE', KEYS[4], ARGV[5])
+if has('b') then redis.call('EXPIRE', KEYS[3], ARGV[5]) end
+if has('w') then redis.call('EXPIRE', KEYS[5], ARGV[5]) end
+if has('f') then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'job', ARGV[6], 'kind', 'final')
+end
+if has('d') then redis.call('ZREM', KEYS[8], ARGV[6]) end
+if has('k') then
+  local total = tonumber(h[2] or '0') or 0
+  local members = {}
+  for i = 0, total - 1 do
+    members[#members + 1] = ARGV[6] .. ':' .. i
+    if #members == 256 then  -- unpack() has a stack limit: remove in chunks
+      redis.call('ZREM', KEYS[7], unpack(members))
+      members = {}
+    end
+  end
+  if #members > 0 then redis.call('ZREM', KEYS[7], unpack(members)) end
+end
+redis.call('PUBLISH', ARGV[9], ARGV[6])
+if ARGV[1] ~= 'succeeded' then redis.call('PUBLISH', ARGV[10], ARGV[11]) end
 return 1
 """
 )
@@ -45,8 +107,9 @@ return 1
 # ARGV: index, result json, blob ('' for none), job id, ok flag, stream maxlen, lease member,
 # worker.
 # Writes a sub-result once per (job, index) and announces it on the completion stream in the
-# same step, so a duplicate delivery can neither change the result nor count twice. The
-# sub-request leaves the model's backlog in the same step.
+# same step, so a duplicate delivery can neither change the result nor count twice; the job's
+# `done` is the size of its results hash, set in the same step. The sub-request leaves the
+# model's backlog, and the worker's lease on it is released, in the same step.
 # Returns 1 when written, 0 for a duplicate, -1 when the job is gone, -2 when it is final.
 STORE_RESULT = (
     _FINAL
@@ -59,9 +122,9 @@ end
 if not st then return -1 end
 redis.call('ZREM', KEYS[7], ARGV[7])
 if is_final(st) then return -2 end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[3]) end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*',
   'job', ARGV[4], 'kind', 'result', 'index', ARGV[1], 'ok', ARGV[5])
 return 1
@@ -69,14 +132,18 @@ return 1
 )
 
 # KEYS: job, results, leases, owners, attempts, completion stream.
-# ARGV: index, lease member, worker, now, lease expiry, max attempts, job id, stream maxlen.
-# The first sub-request to start moves the job to running and announces it on the stream.
+# ARGV: index, lease member, worker, now, lease expiry, max attempts, job id, stream maxlen,
+# the job's events channel, the `running` status event.
+# The first sub-request to start moves the job to running and publishes its status event; it
+# announces the start on the completion stream only when the job wants a `start` webhook (its
+# `hooks` field names the webhook events it wants; a job stored without one gets the entry).
 # Returns {status, detail}: 'acquired' (attempt number), 'done', 'final', 'gone',
 # 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempt number).
 ACQUIRE_LEASE = (
     _FINAL
     + """
-local st = redis.call('HGET', KEYS[1], 'status')
+local h = redis.call('HMGET', KEYS[1], 'status', 'hooks')
+local st = h[1]
 if not st then return {'gone', ''} end
 if is_final(st) then return {'final', st} end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'done', ''} end
@@ -90,9 +157,12 @@ if n > tonumber(ARGV[6]) then return {'exhausted', tostring(n)} end
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
 if st == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', 'running')
-  redis.call('HSETNX', KEYS[1], 'started_at', ARGV[4])
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'job', ARGV[7], 'kind', 'started')
+  -- started_at is set with the first move out of queued, and no script moves a job back.
+  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[4])
+  redis.call('PUBLISH', ARGV[9], ARGV[10])
+  if not h[2] or string.find(h[2], 'start', 1, true) then
+    redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'job', ARGV[7], 'kind', 'started')
+  end
 end
 return {'acquired', tostring(n)}
 """

@@ -217,7 +217,8 @@ class ProgressEvent(Message):
 
 
 class StatusEvent(Message):
-    """The job changed status; `data` is its whole envelope (shared/job.py `Job`)."""
+    """The job changed status; `data` is its envelope (shared/job.py `Job`), or only its `id`
+    and `status` when a Lua script publishes it (the job started)."""
 
     event: Literal["status"] = "status"
     data: dict[str, Any]

@@ -11,6 +11,9 @@ DEAD_LETTER = f"{PREFIX}:deadletter"
 DISPATCHING = f"{PREFIX}:dispatching"
 DEADLINES = f"{PREFIX}:deadlines"
 CANCEL_CHANNEL = f"{PREFIX}:cancel"  # pub/sub: job ids whose running sub-requests must stop
+# pub/sub: the id of every job that just became final, published by FINALIZE in the same step.
+# Every API replica listens on one connection (services/api/events.py) and wakes its waiters.
+FINAL_CHANNEL = f"{PREFIX}:final"
 WORKER_PREFIX = f"{PREFIX}:worker:"
 
 

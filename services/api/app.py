@@ -1,5 +1,5 @@
-"""The FastAPI application: routes, plus the joiner, the janitor and the webhook sender as
-background tasks that every replica runs."""
+"""The FastAPI application: routes, plus the joiner, the janitor, the webhook sender and the
+live-event hub as background tasks that every replica runs."""
 
 import asyncio
 import contextlib
@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from services.api import errors
 from services.api.body_limit import BodyLimitMiddleware
 from services.api.dispatch import Dispatcher
+from services.api.events import EventHub
 from services.api.http_metrics import HttpMetricsMiddleware
 from services.api.janitor import Janitor
 from services.api.joiner import Joiner
@@ -40,18 +41,22 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     dispatcher = Dispatcher(celery, registry)
     consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     outbox = Outbox(redis, store, settings, consumer)
-    lifecycle = Lifecycle(store, Notifier(redis, outbox, settings.public_url), settings.public_url)
+    hub = EventHub(redis)
+    notifier = Notifier(redis, outbox, settings.public_url, hub)
+    lifecycle = Lifecycle(store, notifier, settings.public_url)
     s = app.state
     s.redis, s.store, s.registry, s.dispatcher = redis, store, registry, dispatcher
     s.submissions = Submissions(redis, store, registry, dispatcher, settings)
     s.outbox, s.lifecycle = outbox, lifecycle
     s.limiter = RateLimiter(redis, settings)
+    s.hub = hub
     s.joiner = Joiner(redis, lifecycle, settings, consumer)
     s.janitor = Janitor(store, dispatcher, lifecycle, settings)
     tasks = [
         asyncio.create_task(s.joiner.run(), name="joiner"),
         asyncio.create_task(s.janitor.run(), name="janitor"),
         asyncio.create_task(outbox.run(), name="webhooks"),
+        asyncio.create_task(s.hub.run(), name="events"),
     ]
     try:
         yield

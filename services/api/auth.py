@@ -57,9 +57,15 @@ def identify(presented: str, digests: list[str]) -> str | None:
 _bearer = HTTPBearer(auto_error=False, description="An API key from FIBERMILL_API_KEYS")
 
 
+async def current_settings() -> Settings:
+    """`get_settings` as a dependency; async, so FastAPI calls it in place rather than in its
+    thread pool."""
+    return get_settings()
+
+
 async def authenticate(
     request: Request,
-    settings: Annotated[Settings, Depends(get_settings)],
+    settings: Annotated[Settings, Depends(current_settings)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     client = request.client.host if request.client else None

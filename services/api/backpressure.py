@@ -3,7 +3,13 @@ that waits for hours. Checked before a job is stored, so a refused job leaves no
 
 The check and the enqueue are separate steps, so replicas submitting at once can overshoot
 the limit by what they add together; the limit is a guard against runaway queues, not a quota.
+That is also why `QueueDepths` may answer from a depth read up to `FRESH_SECONDS` ago (plus
+what this replica added since) while the queue is far from its limit: reading every priority
+list on every submission would cost more than the rest of the submission. Near the limit, and
+before any refusal, the depth is read again.
 """
+
+import time
 
 from redis.asyncio import Redis
 
@@ -13,6 +19,24 @@ from shared.registry import ModelSpec
 from shared.settings import Settings
 
 RETRY_AFTER_SECONDS = 5
+FRESH_SECONDS = 1.0  # how old a depth read may be while the queue is under half its limit
+
+
+def _limit(spec: ModelSpec, settings: Settings, incoming: int) -> int:
+    limit = spec.max_queue_depth or settings.max_queue_depth
+    if incoming > limit:
+        raise InvalidInput("input.prompts",
+                           f"{incoming} sub-requests in one job; model {spec.name} queues at "
+                           f"most {limit}")
+    return limit
+
+
+def _refuse(spec: ModelSpec, depth: int, incoming: int, limit: int) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"model {spec.name} is overloaded: {depth} sub-requests queued, this job adds "
+        f"{incoming}, the limit is {limit}; retry later",
+        retry_after=RETRY_AFTER_SECONDS,
+    )
 
 
 async def check_backpressure(
@@ -20,15 +44,35 @@ async def check_backpressure(
 ) -> None:
     """Raise ServiceUnavailable if `incoming` more sub-requests would overfill the queue, or
     InvalidInput for a job that could never fit, however empty the queue."""
-    limit = spec.max_queue_depth or settings.max_queue_depth
-    if incoming > limit:
-        raise InvalidInput("input.prompts",
-                           f"{incoming} sub-requests in one job; model {spec.name} queues at "
-                           f"most {limit}")
+    limit = _limit(spec, settings, incoming)
     depth = await queue_depth(redis, spec.name)
     if depth + incoming > limit:
-        raise ServiceUnavailable(
-            f"model {spec.name} is overloaded: {depth} sub-requests queued, this job adds "
-            f"{incoming}, the limit is {limit}; retry later",
-            retry_after=RETRY_AFTER_SECONDS,
-        )
+        raise _refuse(spec, depth, incoming, limit)
+
+
+class QueueDepths:
+    """`check_backpressure` for one API process, reading each model's queue at most once per
+    `FRESH_SECONDS` while it is under half its limit."""
+
+    def __init__(self, redis: Redis, settings: Settings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self._seen: dict[str, tuple[int, float]] = {}  # model -> (depth, monotonic time read)
+
+    async def check(self, spec: ModelSpec, incoming: int) -> None:
+        limit = _limit(spec, self.settings, incoming)
+        seen = self._seen.get(spec.name)
+        now = time.monotonic()
+        if (seen is not None and now - seen[1] < FRESH_SECONDS
+                and 2 * (seen[0] + incoming) <= limit):
+            return
+        depth = await queue_depth(self.redis, spec.name)
+        self._seen[spec.name] = (depth, now)
+        if depth + incoming > limit:
+            raise _refuse(spec, depth, incoming, limit)
+
+    def added(self, model: str, n: int) -> None:
+        """This replica queued `n` more sub-requests of `model`."""
+        seen = self._seen.get(model)
+        if seen is not None:
+            self._seen[model] = (seen[0] + n, seen[1])

@@ -1,12 +1,16 @@
-"""Dependency aliases the routes use, so each route stays a few lines."""
+"""Dependency aliases the routes use, so each route stays a few lines.
+
+Every dependency here is `async def`: FastAPI runs a plain `def` dependency in its thread pool,
+a thread hand-off per dependency per request for what is an attribute read."""
 
 from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Header, Request
 
-from services.api.auth import PrincipalDep
+from services.api.auth import PrincipalDep, current_settings
 from services.api.dispatch import Dispatcher
+from services.api.events import EventHub
 from services.api.lifecycle import Lifecycle
 from services.api.prefer import PreferWait, prefer_wait
 from services.api.ratelimit import RateLimiter
@@ -14,37 +18,41 @@ from services.api.submission import Submissions
 from shared.errors import JobNotFound
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry
-from shared.settings import Settings, get_settings
+from shared.settings import Settings
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(current_settings)]
 
 
-def _store(request: Request) -> JobStore:
+async def _store(request: Request) -> JobStore:
     return request.app.state.store
 
 
-def _registry(request: Request) -> ModelRegistry:
+async def _registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
 
 
-def _dispatcher(request: Request) -> Dispatcher:
+async def _dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 
-def _redis(request: Request) -> aioredis.Redis:
+async def _redis(request: Request) -> aioredis.Redis:
     return request.app.state.redis
 
 
-def _lifecycle(request: Request) -> Lifecycle:
+async def _lifecycle(request: Request) -> Lifecycle:
     return request.app.state.lifecycle
 
 
-def _limiter(request: Request) -> RateLimiter:
+async def _limiter(request: Request) -> RateLimiter:
     return request.app.state.limiter
 
 
-def _submissions(request: Request) -> Submissions:
+async def _submissions(request: Request) -> Submissions:
     return request.app.state.submissions
+
+
+async def _hub(request: Request) -> EventHub:
+    return request.app.state.hub
 
 
 JobStoreDep = Annotated[JobStore, Depends(_store)]
@@ -54,6 +62,7 @@ RateLimiterDep = Annotated[RateLimiter, Depends(_limiter)]
 RegistryDep = Annotated[ModelRegistry, Depends(_registry)]
 DispatcherDep = Annotated[Dispatcher, Depends(_dispatcher)]
 SubmissionsDep = Annotated[Submissions, Depends(_submissions)]
+EventHubDep = Annotated[EventHub, Depends(_hub)]
 
 
 async def _job(job_id: str, store: JobStoreDep, principal: PrincipalDep) -> JobRecord:
@@ -66,13 +75,13 @@ async def _job(job_id: str, store: JobStoreDep, principal: PrincipalDep) -> JobR
 JobDep = Annotated[JobRecord, Depends(_job)]
 
 
-def _prefer(
-    redis: RedisDep,
+async def _prefer(
+    hub: EventHubDep,
     store: JobStoreDep,
     settings: SettingsDep,
     prefer: Annotated[str | None, Header()] = None,
 ) -> PreferWait:
-    return PreferWait(prefer_wait(prefer, settings.max_wait_seconds), redis, store)
+    return PreferWait(prefer_wait(prefer, settings.max_wait_seconds), hub, store)
 
 
 PreferWaitDep = Annotated[PreferWait, Depends(_prefer)]

@@ -46,21 +46,17 @@ class Joiner:
         await self.ensure_group()
         await self._handle_batch(await self._own_pending())
         last_claim = 0.0
+        acks: list = []  # handled, acknowledged with the next read
         while True:
             raise_if_cancelled()
             try:
                 if time.monotonic() - last_claim > self.settings.joiner_claim_idle_seconds / 2:
                     last_claim = time.monotonic()
                     await self.reclaim()
-                resp = await self.redis.xreadgroup(
-                    names.JOINER_GROUP,
-                    self.consumer,
-                    {names.COMPLETIONS_STREAM: ">"},
-                    count=100,
-                    block=self.settings.joiner_block_ms,
-                )
+                resp = await self._read(acks)
+                acks = []
                 for _stream, entries in resp or []:
-                    await self._handle_batch(entries)
+                    acks = await self._handle_batch(entries, ack=False)
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:
@@ -72,6 +68,20 @@ class Joiner:
             except Exception:
                 log.exception("joiner loop error")
                 await asyncio.sleep(1)
+
+    async def _read(self, acks: list) -> list:
+        """New entries, with the acknowledgement of the last batch in the same round trip."""
+        if not acks:
+            return await self.redis.xreadgroup(
+                names.JOINER_GROUP, self.consumer, {names.COMPLETIONS_STREAM: ">"},
+                count=100, block=self.settings.joiner_block_ms,
+            )
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xack(names.COMPLETIONS_STREAM, names.JOINER_GROUP, *acks)
+            pipe.xreadgroup(names.JOINER_GROUP, self.consumer, {names.COMPLETIONS_STREAM: ">"},
+                            count=100, block=self.settings.joiner_block_ms)
+            _acked, resp = await pipe.execute()
+        return resp
 
     async def _own_pending(self) -> list:
         resp = await self.redis.xreadgroup(
@@ -99,7 +109,11 @@ class Joiner:
             if start in (b"0-0", "0-0"):
                 return claimed
 
-    async def _handle_batch(self, entries: list) -> None:
+    async def _handle_batch(self, entries: list, ack: bool = True) -> list:
+        """Handle entries; returns the ids handled, acknowledged here unless `ack` is False
+        (then the caller acknowledges them; an entry handled again after a crash before that
+        changes nothing)."""
+        done = []
         for entry_id, fields in entries:
             try:
                 await self.handle(fields)
@@ -109,8 +123,11 @@ class Joiner:
                 # Left pending: this replica or another retries it on the next claim.
                 log.exception("joining %s failed", entry_id)
                 continue
-            await self.redis.xack(names.COMPLETIONS_STREAM, names.JOINER_GROUP, entry_id)
-            self.handled += 1
+            done.append(entry_id)
+        self.handled += len(done)
+        if done and ack:
+            await self.redis.xack(names.COMPLETIONS_STREAM, names.JOINER_GROUP, *done)
+        return done
 
     async def handle(self, fields: dict[bytes, bytes]) -> None:
         entry = CompletionEntry.from_fields(fields)

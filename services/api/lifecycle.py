@@ -6,11 +6,10 @@ import logging
 from services.api import metrics
 from services.api.assembly import assemble, first_error
 from services.api.notify import Notifier
-from shared import names
 from shared.errors import DeadlineExceeded
 from shared.job import JobStatus
 from shared.jobstore import JobRecord, JobStore
-from shared.messages import CancelNotice, JobError, SubResult
+from shared.messages import JobError, SubResult
 
 log = logging.getLogger(__name__)
 
@@ -24,39 +23,44 @@ class Lifecycle:
     async def finish(self, rec: JobRecord, status: JobStatus, error: JobError | None = None,
                      results: dict[int, SubResult] | None = None) -> bool:
         """Make the job final once, keeping the outputs already done; only the caller whose
-        change wins counts it, notifies, and tells workers to drop the rest."""
+        change wins counts it and notifies. FINALIZE itself, in the same step, tells the live
+        listeners and, unless the job succeeded, the workers (drop what is left of it)."""
+        return await self._finish(rec, status, error, results) is not None
+
+    async def _finish(self, rec: JobRecord, status: JobStatus, error: JobError | None = None,
+                      results: dict[int, SubResult] | None = None) -> JobRecord | None:
+        """The job as it became final, or None when another change made it final first."""
         if results is None:
             results = await self.store.results(rec.id)
         output = [o.model_dump(mode="json") if o else None
                   for o in assemble(rec, results, self.base_url)]
-        if not await self.store.finalize(rec.id, status, output, error):
-            return False
-        final = await self.store.get(rec.id)
+        final = await self.store.finalize_record(rec.id, status, output, error, rec=rec,
+                                                 all_results=len(results) >= rec.total)
+        if final is None:
+            return None
+        final.done = len(results)
         _observe(final)
-        if status != JobStatus.SUCCEEDED:
-            await self.store.redis.publish(names.CANCEL_CHANNEL,
-                                           CancelNotice(job_id=rec.id).encode())
         await self.notifier.completed(final)
-        return True
+        return final
 
     async def finalized(self, job_id: str) -> None:
-        """The stream's `final` entry: make sure the `completed` webhook is in the outbox even
-        if the replica that finalized the job died before enqueueing it (a duplicate is
-        ignored by the outbox)."""
+        """The stream's `final` entry (written for jobs with a `completed` webhook): make sure
+        the webhook is in the outbox even if the replica that finalized the job died before
+        enqueueing it (a duplicate is ignored by the outbox)."""
         rec = await self.store.get(job_id)
         await self.notifier.outbox.enqueue(rec, "completed")
 
     async def started(self, job_id: str) -> None:
+        """The stream's `started` entry (written for jobs with a `start` webhook)."""
         rec = await self.store.get(job_id)
         if not rec.final:
             await self.notifier.started(rec)
 
     async def settle(self, job_id: str) -> JobStatus | None:
         """A sub-result came in: record progress, and finish the job when it can be."""
-        rec = await self.store.get(job_id)
+        rec, results = await self.store.get_with_results(job_id)
         if rec.final:
             return None
-        results = await self.store.results(job_id)
         failed = first_error(results)
         if failed is not None:
             # Fail fast: the rest of the job would be thrown away anyway.
@@ -73,7 +77,9 @@ class Lifecycle:
     async def cancel(self, rec: JobRecord) -> JobRecord:
         """Cancel a job; canceling a final job changes nothing and returns it as it is."""
         if not rec.final:
-            await self.finish(rec, JobStatus.CANCELED)
+            final = await self._finish(rec, JobStatus.CANCELED)
+            if final is not None:
+                return final
         return await self.store.get(rec.id)
 
     async def expire(self, job_id: str) -> bool:

@@ -4,10 +4,9 @@ seconds (capped by `FIBERMILL_MAX_WAIT_SECONDS`), whichever comes first."""
 import re
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from fastapi import Response
 
-from services.api.events import wait_final
+from services.api.events import EventHub, wait_final
 from shared.jobstore import JobRecord, JobStore
 
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+)")
@@ -24,11 +23,14 @@ class PreferWait:
     """What `Prefer: wait` asked of a create: the job once final, or after `seconds`."""
 
     seconds: int | None
-    redis: aioredis.Redis
+    hub: EventHub
     store: JobStore
 
     async def apply(self, rec: JobRecord, response: Response) -> JobRecord:
+        """`rec` is the job as just created (or found by its Idempotency-Key)."""
         if self.seconds is None:
             return rec
         response.headers["Preference-Applied"] = f"wait={self.seconds}"
-        return await wait_final(self.redis, self.store, rec.id, self.seconds)
+        if rec.final:
+            return rec
+        return await wait_final(self.hub, self.store, rec.id, self.seconds, rec)

@@ -1,4 +1,4 @@
-"""Accept a job: check it, store it once, send its sub-requests."""
+"""Accept a job: check it, then store it and send its sub-requests in one step."""
 
 import secrets
 import uuid
@@ -8,13 +8,12 @@ import redis.asyncio as aioredis
 
 from services.api import idempotency, metrics
 from services.api.auth import Principal
-from services.api.backpressure import check_backpressure
+from services.api.backpressure import QueueDepths
 from services.api.dispatch import Dispatcher
 from services.api.webhooks.ssrf import check_webhook_url
 from shared.errors import InvalidInput
 from shared.job import JobMeta, JobOptions, JobRequest, JobStatus
-from shared.jobstore import JobRecord, JobStore
-from shared.messages import SubRequest
+from shared.jobstore import Enqueue, JobRecord, JobStore
 from shared.registry import ModelRegistry, ModelSpec
 from shared.settings import Settings
 
@@ -42,12 +41,15 @@ class Submissions:
         self.dispatcher = dispatcher
         self.settings = settings
         self.claims = idempotency.Claims(redis)
+        self.depths = QueueDepths(redis, settings)
 
     async def submit(
         self, req: JobRequest, principal: Principal, idempotency_key: str | None
     ) -> Submitted:
         spec = await self._validate(req, idempotency_key)
-        digest = idempotency.body_digest(req.model_dump(mode="json"))  # before a seed is chosen
+        # Of the body as sent, before a seed is chosen; only an Idempotency-Key needs it.
+        digest = (idempotency.body_digest(req.model_dump(mode="json"))
+                  if idempotency_key is not None else "")
         _choose_seed(req)
         probe = _probe(req)
         # Split before storing, so a job that cannot be split is never accepted.
@@ -58,9 +60,17 @@ class Submissions:
             if earlier is not None:
                 return Submitted(earlier, created=False)
             # After the Idempotency-Key: replaying an accepted job must not get a 503.
-            await check_backpressure(self.redis, spec, self.settings, len(subs))
-            rec = await self._create(req, probe, len(subs), principal, idempotency_key)
-        await self._dispatch(rec, subs, req)
+            await self.depths.check(spec, len(subs))
+            # Stored and sent in one step: a job is never left half-sent.
+            enqueue = self.dispatcher.messages(subs, req.priority) if subs else None
+            rec = await self._create(req, probe, len(subs), principal, idempotency_key,
+                                     enqueue)
+        # Counted once the job exists (it will reach a final status and be counted finished):
+        # an Idempotency-Key replay is not a new job.
+        metrics.JOBS_SUBMITTED.labels(req.task, req.model).inc()
+        self.depths.added(spec.name, len(subs))
+        if enqueue is None:
+            await self.store.mark_dispatched(rec.id)  # nothing to send
         return Submitted(rec, created=True)
 
     async def _validate(self, req: JobRequest, idempotency_key: str | None) -> ModelSpec:
@@ -86,19 +96,12 @@ class Submissions:
         total: int,
         principal: Principal,
         idempotency_key: str | None,
+        enqueue: Enqueue | None,
     ) -> JobRecord:
         meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
                        owner=principal.key_id, idempotency_key=idempotency_key)
         return await self.store.create(probe.id, probe.task, probe.model, probe.input, total,
-                                       meta)
-
-    async def _dispatch(self, rec: JobRecord, subs: list[SubRequest], req: JobRequest) -> None:
-        # Counted once the job exists (it will reach a final status and be counted finished,
-        # even if sending fails below): an Idempotency-Key replay is not a new job.
-        metrics.JOBS_SUBMITTED.labels(req.task, req.model).inc()
-        # From here the job exists: if sending fails half-way, the janitor finishes dispatching.
-        await self.dispatcher.send(subs, req.priority)
-        await self.store.mark_dispatched(rec.id)
+                                       meta, enqueue)
 
 
 def _choose_seed(req: JobRequest) -> None:

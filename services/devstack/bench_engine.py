@@ -26,19 +26,24 @@ from services.devstack.redis_server import free_port, start_redis
 FINAL = {"succeeded", "failed", "canceled"}
 
 
+def stack_env(redis_port: int, metrics_port: int, models: str, batching: bool) -> dict[str, str]:
+    """The environment of a benchmark stack's API and worker."""
+    return {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "FIBERMILL_WORKER_METRICS_PORT": str(metrics_port), "FIBERMILL_LOG_LEVEL": "WARNING",
+            "FIBERMILL_WORKER_MODELS": models,
+            "FIBERMILL_BATCHING": "true" if batching else "false",
+            # the bench submits bursts far past a client's default rate limit
+            "FIBERMILL_RATE_LIMIT_PER_MINUTE": "1000000",
+            "FIBERMILL_RATE_LIMIT_BURST": "100000"}
+
+
 @contextmanager
 def stack(models: str, batching: bool):
     """A local stack (Redis, API, one CPU worker serving `models`); yields (http, metrics url)."""
     with tempfile.TemporaryDirectory() as tmp:
         rport, port, mport = free_port(), free_port(), free_port()
         redis_proc = start_redis(rport, Path(tmp), appendonly=False)
-        env = {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
-               "FIBERMILL_WORKER_METRICS_PORT": str(mport), "FIBERMILL_LOG_LEVEL": "WARNING",
-               "FIBERMILL_WORKER_MODELS": models,
-               "FIBERMILL_BATCHING": "true" if batching else "false",
-               # the bench submits bursts far past a client's default rate limit
-               "FIBERMILL_RATE_LIMIT_PER_MINUTE": "1000000",
-               "FIBERMILL_RATE_LIMIT_BURST": "100000"}
+        env = stack_env(rport, mport, models, batching)
         workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         api = start_api(port, env)
         try:

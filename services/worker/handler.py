@@ -1,4 +1,5 @@
-"""Run one sub-request: take its lease, run the model, store the result once, release."""
+"""Run one sub-request: take its lease, run the model, store the result once and release the
+lease in the same step (or release it alone when nothing is stored)."""
 
 import logging
 import time
@@ -71,11 +72,14 @@ class Handler:
         self.flights.add(flight)
         if self.drainer.expired:  # taken after the drain deadline: straight back to the queue
             flight.request_stop(StopReason.DRAIN)
+        stored = False
         try:
-            return await self._run(flight, arrival)
+            outcome, stored = await self._run(flight, arrival)
+            return outcome
         finally:
             self.flights.remove(sub.member)
-            await self.store.release_lease(sub.member, self.worker_id)
+            if not stored:  # STORE_RESULT releases the lease it stores under
+                await self.store.release_lease(sub.member, self.worker_id)
 
     async def _not_run(self, sub: SubRequest, grant: LeaseGrant) -> Outcome:
         """done, final, gone or busy: another delivery already covers this sub-request;
@@ -85,7 +89,8 @@ class Handler:
             await self.store.dead_letter(sub, failure)
         return Outcome(grant.outcome.value)
 
-    async def _run(self, flight: InFlight, arrival: Arrival) -> Outcome:
+    async def _run(self, flight: InFlight, arrival: Arrival) -> tuple[Outcome, bool]:
+        """The outcome, and whether a result was stored (which released the lease)."""
         sub = flight.sub
         result = SubResult(index=sub.index, worker=self.worker_id, started_at=flight.started)
         blob = None
@@ -97,7 +102,7 @@ class Handler:
         except PipelineStopped:
             outcome = await self._stopped(flight)
             if outcome != Outcome.TIME_LIMIT:
-                return outcome
+                return outcome, False
             result = time_limit_exceeded(sub, self.settings.subrequest_time_limit_seconds,
                                          self.worker_id, flight.started)
         except Exception as exc:  # a failing model fails its own sub-request, not the worker
@@ -106,9 +111,9 @@ class Handler:
             outcome = Outcome.FAILED
         metrics.PHASE_SECONDS.labels(sub.model, "subrequest").observe(time.perf_counter() - t0)
         result.finished_at = time.time()
-        if await self.store.store_result(sub.job_id, result, blob) != 1:
-            return Outcome.DUPLICATE
-        return outcome
+        if await self.store.store_result(sub.job_id, result, blob, model=sub.model) != 1:
+            return Outcome.DUPLICATE, True
+        return outcome, True
 
     async def _stopped(self, flight: InFlight) -> Outcome:
         """A sub-request stopped at a step boundary: say why, and hand it back at a drain."""

@@ -1,14 +1,16 @@
 """A model whose queue is full gets 503 + Retry-After, and a refused job leaves nothing behind.
 Queue depth counts every priority list of the model's queue."""
 
+import asyncio
+
 import pytest
 import redis
 from fastapi.testclient import TestClient
 
 from services.api.app import create_app
-from services.api.backpressure import check_backpressure
+from services.api.backpressure import QueueDepths, check_backpressure
 from shared import names
-from shared.errors import ServiceUnavailable
+from shared.errors import InvalidInput, ServiceUnavailable
 from shared.job import JobStatus
 from shared.jobstore import JobRecord
 from shared.queue_depth import priority_lists, queue_depth
@@ -90,3 +92,36 @@ async def test_queue_depth_counts_every_priority_list(dispatcher, aredis):
     assert await queue_depth(aredis, "tiny-gpt2") == 0
     with pytest.raises(ValueError):
         await dispatcher.send(subs, 10)
+
+
+async def test_a_replica_reads_a_queue_far_from_its_limit_at_most_once_a_second(
+    aredis, model_dir, monkeypatch
+):
+    from services.api import backpressure
+
+    monkeypatch.setattr(backpressure, "FRESH_SECONDS", 0.3)
+    spec = load_registry(model_dir / "registry.yaml").get("digits")
+    depths = QueueDepths(aredis, Settings(max_queue_depth=100))
+
+    async def reads() -> int:
+        stats = await aredis.info("commandstats")
+        return stats.get("cmdstat_llen", {}).get("calls", 0) // len(priority_lists("digits"))
+
+    await aredis.config_resetstat()
+    for _ in range(10):  # under half the limit: one read, then what this replica added
+        await depths.check(spec, 1)
+        depths.added("digits", 1)
+    assert await reads() == 1
+    await aredis.lpush(priority_lists("digits")[3], *["queued"] * 60)  # another replica's
+    await depths.check(spec, 1)  # not seen yet: within the limit's guard, as documented
+    assert await reads() == 1
+    await asyncio.sleep(0.35)
+    await depths.check(spec, 1)  # read again: 60 queued, past half the limit
+    await depths.check(spec, 1)
+    assert await reads() == 3  # near the limit every check reads
+    await aredis.lpush(priority_lists("digits")[0], *["queued"] * 40)
+    with pytest.raises(ServiceUnavailable) as err:
+        await depths.check(spec, 1)
+    assert "100 sub-requests queued" in str(err.value)
+    with pytest.raises(InvalidInput):
+        await depths.check(spec, 101)  # could never fit

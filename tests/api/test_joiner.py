@@ -80,10 +80,13 @@ async def test_entries_of_a_dead_replica_are_reclaimed(store, aredis, settings, 
 
 async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, settings, lifecycle):
     from services.api import metrics
+    from shared.job import JobMeta
 
     n_jobs = 20
+    # With a `completed` webhook: such a job's final change is also a stream entry.
+    meta = JobMeta(webhook="https://hooks.example.com/x")
     for j in range(n_jobs):
-        await store.create(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 2)
+        await store.create(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 2, meta)
     joiners = [Joiner(aredis, lifecycle, settings, f"api-{i}") for i in range(2)]
     await joiners[0].ensure_group()
     before = metrics.JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")._value.get()
@@ -127,3 +130,50 @@ async def test_completed_webhook_is_enqueued_even_if_the_finisher_died(
     assert await aredis.zcard(due_key("completed")) == 0
     await _drain(joiner)
     assert await aredis.zscore(due_key("completed"), webhook_id("j1", "completed")) is not None
+
+
+async def test_a_job_without_webhooks_is_joined_from_its_results_alone(
+    store, aredis, settings, lifecycle
+):
+    from shared.job import JobStatus
+    from shared.messages import SubRequest, TextItem
+
+    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1)
+    joiner = Joiner(aredis, lifecycle, settings, "api-1")
+    await joiner.ensure_group()
+    sub = SubRequest(job_id="j1", index=0, model="tiny-gpt2",
+                     item=TextItem(prompt="a", max_new_tokens=1))
+    await store.acquire_lease(sub, "w", 30, 3)
+    await store.store_result(
+        "j1", SubResult(index=0, output={"text": "x", "finish_reason": "length", "tokens": 1},
+                        worker="w"))
+    await _drain(joiner)
+    assert (await store.get("j1")).status == JobStatus.SUCCEEDED
+    # No `started` entry (its event went out as the lease was taken), no `final` entry (no
+    # webhook to send): the one result was all there was to join.
+    assert joiner.handled == 1 and await aredis.xlen(names.COMPLETIONS_STREAM) == 1
+
+
+async def test_a_batch_is_acknowledged_with_the_next_read(store, aredis, settings, lifecycle):
+    from shared.job import JobStatus
+
+    n_jobs = 10
+    for j in range(n_jobs):
+        await store.create(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1)
+    joiner = Joiner(aredis, lifecycle, settings, "api-1")
+    await joiner.ensure_group()
+    await aredis.config_resetstat()
+    task = asyncio.create_task(joiner.run())
+    for j in range(n_jobs):
+        await store.store_result(f"k{j}", SubResult(
+            index=0, output={"text": "x", "finish_reason": "length", "tokens": 1}))
+    async with asyncio.timeout(10):
+        while (await aredis.xpending(names.COMPLETIONS_STREAM, names.JOINER_GROUP))["pending"]:
+            await asyncio.sleep(0.02)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    statuses = [(await store.get(f"k{j}")).status for j in range(n_jobs)]
+    assert statuses == [JobStatus.SUCCEEDED] * n_jobs
+    stats = await aredis.info("commandstats")
+    # Never more acknowledgements than reads: each rides along with the read after its batch.
+    assert 1 <= stats["cmdstat_xack"]["calls"] <= stats["cmdstat_xreadgroup"]["calls"]

@@ -49,6 +49,10 @@ def test_text_job_joins_in_input_order_across_both_workers(stack):
     assert len(workers) == 2, workers
 
 
+def _pixels(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png))).astype(int)
+
+
 def test_image_job_sizes_order_and_reproducibility(stack):
     job = stack.run({"task": "image-generation", "model": "tiny-sd",
                      "input": {"prompts": ["a red cube", "a blue ball"],
@@ -60,12 +64,14 @@ def test_image_job_sizes_order_and_reproducibility(stack):
     pngs = [_png(stack, job["id"], i) for i in range(4)]
     for png in pngs:
         assert Image.open(io.BytesIO(png)).size == (64, 48)
-    # Image 3 (second image of the second prompt, seed 14) equals that prompt alone.
+    # Image 3 (second image of the second prompt, seed 14) equals that prompt alone, to the
+    # rounding the engine's batched-equals-alone tests allow (a batch of 3 or 4 can round one
+    # channel differently on the CPU: its matrix products are blocked by batch size).
     alone = stack.run({"task": "image-generation", "model": "tiny-sd",
                        "input": {"prompts": ["a blue ball"], "seed": 14,
                                  "width": 64, "height": 48, "steps": 3}})
-    assert _png(stack, alone["id"], 0) == pngs[3]
-    assert pngs[0] != pngs[1]
+    assert np.abs(_pixels(_png(stack, alone["id"], 0)) - _pixels(pngs[3])).max() <= 1
+    assert np.abs(_pixels(pngs[0]) - _pixels(pngs[1])).max() > 1
 
 
 def test_digits_job_matches_contract_example(stack):

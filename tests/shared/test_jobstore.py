@@ -138,3 +138,125 @@ async def test_stale_dispatch_is_claimed(store):
     await _job(store, "j2")
     await store.mark_dispatched("j2")
     assert await store.claim_stale_dispatches(older_than=-1) == []
+
+
+# What a job costs in Redis --------------------------------------------------------------------
+
+
+async def _heard(pubsub, seconds: float = 0.3) -> list[tuple[bytes, bytes]]:
+    """The messages a subscription got within `seconds`, subscribe confirmations left out."""
+    out = []
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+        if msg is not None:
+            out.append((msg["channel"], msg["data"]))
+    await pubsub.aclose()
+    return out
+
+
+async def _calls(aredis) -> int:
+    stats = await aredis.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info",
+                                                                 "cmdstat_config|resetstat"))
+
+
+async def test_reading_a_job_is_one_command(store, aredis):
+    from shared.job import JobMeta
+
+    await _job(store)
+    await aredis.config_resetstat()
+    rec = await store.get("j1")
+    assert await _calls(aredis) == 1 and rec.webhook_deliveries == []
+    # A job with a webhook also has its delivery attempts read.
+    await store.create("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
+                       JobMeta(webhook="https://example.com/h"))
+    await aredis.config_resetstat()
+    await store.get("j2")
+    assert await _calls(aredis) == 2
+
+
+async def test_a_job_stored_before_it_counted_its_results_is_read_in_full(store, aredis):
+    await _job(store)
+    await store.store_result("j1", SubResult(index=1, output=_text("x")))
+    await aredis.hdel(names.job_key("j1"), "done")  # as an older API stored it
+    assert (await store.get("j1")).done == 1
+
+
+async def test_done_counts_the_results_and_the_store_releases_the_lease(store, aredis):
+    await _job(store)
+    sub = _sub(index=2)
+    await store.acquire_lease(sub, "w1", 30, 3)
+    assert await aredis.zscore(names.LEASES, sub.member) is not None
+    r = SubResult(index=2, output=_text("x"), worker="w1")
+    assert await store.store_result("j1", r, model="tiny-gpt2") == 1
+    assert await aredis.zscore(names.LEASES, sub.member) is None
+    assert await aredis.hget(names.LEASE_OWNERS, sub.member) is None
+    assert (await store.get("j1")).done == 1
+    rec, results = await store.get_with_results("j1")
+    assert rec.done == 1 and list(results) == [2] and results[2].output == _text("x")
+    # Another worker's lease is left alone.
+    await store.acquire_lease(_sub(index=0), "w2", 30, 3)
+    await store.store_result("j1", SubResult(index=0, output=_text("y"), worker="w1"))
+    assert await aredis.hget(names.LEASE_OWNERS, "j1:0") == b"w2"
+
+
+async def test_the_first_start_is_an_event_and_an_entry_only_for_a_start_webhook(store, aredis):
+    from shared.job import JobMeta
+    from shared.messages import StatusEvent, decode_event
+
+    pubsub = aredis.pubsub()
+    await pubsub.subscribe(names.events_channel("j1"), names.events_channel("j2"))
+    await _job(store, "j1")
+    await store.create("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
+                       JobMeta(webhook="https://example.com/h",
+                               webhook_events_filter=["start"]))
+    for job_id in ("j1", "j2"):
+        await store.acquire_lease(_sub(job_id, 0), "w1", 30, 3)
+        await store.acquire_lease(_sub(job_id, 1), "w1", 30, 3)  # not the first: no event
+    events = [(channel, decode_event(data)) for channel, data in await _heard(pubsub)]
+    assert events == [
+        (names.events_channel(j).encode(),
+         StatusEvent(data={"id": j, "status": "running"})) for j in ("j1", "j2")
+    ]
+    entries = await aredis.xrange(names.COMPLETIONS_STREAM)
+    assert [(f[b"job"], f[b"kind"]) for _id, f in entries] == [(b"j2", b"started")]
+
+
+@pytest.mark.parametrize("final", FINALS)
+async def test_finalize_announces_the_job_and_returns_it_as_stored(store, aredis, final):
+    from shared.messages import CancelNotice
+
+    pubsub = aredis.pubsub()
+    await pubsub.subscribe(names.FINAL_CHANNEL, names.CANCEL_CHANNEL)
+    await _job(store, total=1)
+    await store.acquire_lease(_sub(), "w1", 30, 3)
+    await store.store_result("j1", SubResult(index=0, output=_text("x"), worker="w1"))
+    rec, _results = await store.get_with_results("j1")
+    output = [{"text": "x"}]
+    got = await store.finalize_record("j1", final, output, rec=rec, all_results=True)
+    assert got == await store.get("j1")
+    assert got.status == final and got.output == output and got.completed_at is not None
+    assert await store.finalize_record("j1", final, output, rec=rec) is None  # once
+    heard = await _heard(pubsub)
+    expected = [(names.FINAL_CHANNEL.encode(), b"j1")]
+    if final != JobStatus.SUCCEEDED:  # workers drop what they still run of it
+        expected.append((names.CANCEL_CHANNEL.encode(),
+                         CancelNotice(job_id="j1").encode().encode()))
+    assert heard == expected
+    # No webhook: no `final` entry; the result's is the only one.
+    kinds = [f[b"kind"] for _id, f in await aredis.xrange(names.COMPLETIONS_STREAM)]
+    assert kinds == [b"result"]
+    for key in (names.job_key("j1"), names.results_key("j1"), names.attempts_key("j1")):
+        assert 0 < await aredis.ttl(key) <= 3600
+
+
+async def test_finalize_takes_a_job_with_a_deadline_out_of_the_deadlines(store, aredis):
+    from shared.job import JobMeta
+
+    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
+                       JobMeta(deadline_seconds=60))
+    rec = await store.get("j1")
+    assert await aredis.zscore(names.DEADLINES, "j1") is not None
+    assert await store.finalize("j1", JobStatus.CANCELED, [None], rec=rec)
+    assert await aredis.zscore(names.DEADLINES, "j1") is None

@@ -8,12 +8,12 @@ from sse_starlette import EventSourceResponse
 
 from services.api.auth import PrincipalDep, authenticate
 from services.api.deps import (
+    EventHubDep,
     JobDep,
     JobStoreDep,
     LifecycleDep,
     PreferWaitDep,
     RateLimiterDep,
-    RedisDep,
     SettingsDep,
     SubmissionsDep,
 )
@@ -74,7 +74,7 @@ async def cancel_job(job: JobDep, lifecycle: LifecycleDep, settings: SettingsDep
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def stream_events(
-    request: Request, job: JobDep, redis: RedisDep, store: JobStoreDep, settings: SettingsDep
+    request: Request, job: JobDep, hub: EventHubDep, store: JobStoreDep, settings: SettingsDep
 ) -> EventSourceResponse:
     state = request.app.state
 
@@ -84,7 +84,7 @@ async def stream_events(
 
     async def events():
         async for event, data in job_events(
-            redis, store, job.id, settings.public_url, stop=draining
+            hub, store, job.id, settings.public_url, stop=draining
         ):
             yield {"event": event, "data": _json(data)}
 
