@@ -27,8 +27,9 @@ of the CPU the servers share. Servers are measured one after another, never side
 
 import argparse
 import asyncio
-import gc
+import concurrent.futures
 import importlib.util
+import multiprocessing
 import os
 import random
 import signal
@@ -64,9 +65,10 @@ SHORT = 16  # a mixed-workload request with at most this many new tokens is "sho
 class Case:
     model: str
     new_tokens: int
+    load: int = 1  # c=32 runs load x Sizes.c32 requests: a fast model needs more to time
 
 
-TINY = Case("tiny-gpt2", 16)
+TINY = Case("tiny-gpt2", 16, load=4)
 BIG = Case(gpt2_6x256.NAME, 64)
 CASES = (TINY, BIG)
 
@@ -75,12 +77,13 @@ CASES = (TINY, BIG)
 class Sizes:
     c1: int = 30  # requests at concurrency 1
     c32: int = 128  # requests at concurrency 32
-    reps: int = 4  # timed batches (generate) or bursts (engine) of 32, in process
+    reps: int = 4  # at least this many timed batches (generate) or bursts (engine) of 32
     mixed: int = 128  # requests in the mixed-length workload
     warmup: int = 32  # untimed requests before each c=32 measurement
 
 
 FULL = Sizes()
+MIN_SECONDS = 3.0  # in process, batches are repeated for at least this long
 QUICK = Sizes(c1=5, c32=32, reps=1, mixed=32, warmup=8)
 
 
@@ -238,22 +241,49 @@ def litserve_send(http: httpx.AsyncClient):
 # In process -----------------------------------------------------------------------------------
 
 
+def isolated(measure, *args):
+    """Run an in-process measurement in a fresh interpreter of its own. In one process, each
+    thread that has run torch keeps its own OpenMP team, spinning for a while after its last
+    op: a contender measured on another thread after `generate` (the engine runs on its
+    device thread) loses up to a third of its speed to the first one's idle team."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return pool.submit(measure, *args).result()
+
+
 def measure_generate(model_dir: Path, new_tokens: int, reps: int) -> Load:
-    """transformers `generate`, `reps` batches of 32 one-prompt requests after one warm-up."""
+    """transformers `generate`: batches of 32 one-prompt requests after one warm-up, `reps` of
+    them and at least MIN_SECONDS' worth (see `timed_batches`)."""
     from services.devstack import hf_generate
 
     model, tokenizer = hf_generate.load(model_dir)
     prompts, budgets = [PROMPT] * BATCH, [new_tokens] * BATCH
     hf_generate.generate(model, tokenizer, prompts, budgets)
-    latencies: list[float] = []
+
+    def batch() -> list[int | None]:
+        return [n for _, n in hf_generate.generate(model, tokenizer, prompts, budgets)]
+
+    return timed_batches(batch, reps)
+
+
+def timed_batches(batch: Callable[[], list[int | None]], reps: int) -> Load:
+    """Run `batch` (32 requests) at least `reps` times and for at least MIN_SECONDS; the Load
+    has the median batch time for every batch, since on a shared 2-core machine one slow batch
+    in a few would otherwise decide the figure."""
+    times: list[float] = []
     tokens: list[int | None] = []
-    t0 = time.perf_counter()
-    for _ in range(reps):
+    t_start = time.perf_counter()
+    while len(times) < reps or time.perf_counter() - t_start < MIN_SECONDS:
         t = time.perf_counter()
-        out = hf_generate.generate(model, tokenizer, prompts, budgets)
-        latencies += [time.perf_counter() - t] * BATCH
-        tokens += [n for _, n in out]
-    return Load(time.perf_counter() - t0, latencies, tokens)
+        tokens += batch()
+        times.append(time.perf_counter() - t)
+    return median_load(times, tokens)
+
+
+def median_load(times: list[float], tokens: list[int | None]) -> Load:
+    """Every batch of 32 counted at the median batch time."""
+    median = statistics.median(times)
+    return Load(median * len(times), [median] * (BATCH * len(times)), tokens)
 
 
 def measure_static_mixed(model_dir: Path, budgets: list[int]) -> tuple[Load, Load]:
@@ -300,23 +330,23 @@ def measure_engine(registry: Path, model: str, new_tokens: int, reps: int) -> Lo
     pipeline.setup()
     item = TextItem(prompt=PROMPT, max_new_tokens=new_tokens)
 
-    async def burst(engine) -> list[tuple[float, int | None]]:
-        t0 = time.perf_counter()
-
-        async def one(arrival) -> tuple[float, int | None]:
-            result = await arrival.submit(item)
-            return time.perf_counter() - t0, getattr(result, "tokens", None)
-
+    async def burst(engine) -> list[int | None]:
         with ExitStack() as stack:
             arrivals = [stack.enter_context(engine.arrival()) for _ in range(BATCH)]
-            return await asyncio.gather(*(one(a) for a in arrivals))
+            results = await asyncio.gather(*(a.submit(item) for a in arrivals))
+        return [getattr(r, "tokens", None) for r in results]
 
     async def main() -> Load:
         engine = Engine(pipeline)
         await burst(engine)
-        t0 = time.perf_counter()
-        done = [r for _ in range(reps) for r in await burst(engine)]
-        return Load(time.perf_counter() - t0, [lat for lat, _ in done], [t for _, t in done])
+        times: list[float] = []
+        tokens: list[int | None] = []
+        t_start = time.perf_counter()
+        while len(times) < reps or time.perf_counter() - t_start < MIN_SECONDS:
+            t = time.perf_counter()
+            tokens += await burst(engine)
+            times.append(time.perf_counter() - t)
+        return median_load(times, tokens)
 
     try:
         return asyncio.run(main())
@@ -445,17 +475,14 @@ def run(sizes: Sizes = FULL) -> dict:
 
         for case in CASES:
             _log(f"{case.model}: generate in process")
-            out[(case.model, "generate")] = measure_generate(dirs[case.model], case.new_tokens,
-                                                             sizes.reps)
-            gc.collect()
+            out[(case.model, "generate")] = isolated(measure_generate, dirs[case.model],
+                                                     case.new_tokens, sizes.reps)
             _log(f"{case.model}: engine in process")
-            out[(case.model, "engine")] = measure_engine(registry, case.model, case.new_tokens,
-                                                         sizes.reps)
-            gc.collect()
+            out[(case.model, "engine")] = isolated(measure_engine, registry, case.model,
+                                                   case.new_tokens, sizes.reps)
         _log("mixed workload: static batching with generate")
-        out[("mixed", "generate")], out[("mixed", "generate alone")] = measure_static_mixed(
-            big_dir, budgets)
-        gc.collect()
+        out[("mixed", "generate")], out[("mixed", "generate alone")] = isolated(
+            measure_static_mixed, big_dir, budgets)
 
         if litserve_available():
             for case in CASES:
@@ -465,7 +492,7 @@ def run(sizes: Sizes = FULL) -> dict:
                     with litserve_server(dirs[case.model], tmp) as base:
                         loads = run_loads(litserve_send, base, [
                             ("c1", [n] * 3, 1, [n] * sizes.c1),
-                            ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32),
+                            ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32 * case.load),
                         ])
                     out[(case.model, "litserve c1")] = loads["c1"]
                     out[(case.model, "litserve c32")] = loads["c32"]
@@ -481,7 +508,7 @@ def run(sizes: Sizes = FULL) -> dict:
                 _log(f"{case.model}: Fibermill c=1, c=32")
                 loads = run_loads(fibermill_send(case.model), base, [
                     ("c1", [n] * 3, 1, [n] * sizes.c1),
-                    ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32),
+                    ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32 * case.load),
                 ])
                 out[(case.model, "fibermill c1")] = loads["c1"]
                 out[(case.model, "fibermill c32")] = loads["c32"]
@@ -604,9 +631,12 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
     if g is not None and f is not None:
         mixed_ratio = ratio(f.rps, g.rps)
     lines += ["", f"Mixed-length throughput, Fibermill / static `generate`: {mixed_ratio or '-'}."]
-    lines += ["", f"Requests per measurement: c=1 {sizes.c1}, c=32 {sizes.c32} (after "
-              f"{sizes.warmup} warm-up), in process {sizes.reps} x {BATCH} (after one warm-up "
-              f"batch). The peers section took {r.get('seconds', 0):.0f} s."]
+    lines += ["", f"Requests per measurement: c=1 {sizes.c1}, c=32 {sizes.c32} x the model's "
+              f"load factor ({', '.join(f'{c.model} {c.load}' for c in CASES)}; after "
+              f"{sizes.warmup} warm-up). In process: after one warm-up batch, batches of {BATCH} "
+              f"repeated at least {sizes.reps} times and for at least {MIN_SECONDS:g} s, each "
+              f"counted at the median batch time, and each contender in a fresh interpreter of "
+              f"its own. The peers section took {r.get('seconds', 0):.0f} s."]
     for err in r.get("errors", []):
         lines += ["", f"Not measured: {err}"]
     return lines
