@@ -17,20 +17,13 @@ from services.worker.modelbuild.tiny_diffusion import build_tiny_sd
 from services.worker.pipelines.image import StableDiffusionImagePipeline
 from shared.messages import ImageItem
 from shared.registry import ModelSpec
+from tests.worker.test_image_pipelines import item
 
 SCALES = [7.5, 5.0, 3.0]  # all guided, on every model here
 
 
-def picture(guidance, seed=7, prompt="a red cube", negative="", width=64, height=64, steps=4):
-    return ImageItem(
-        prompt=prompt,
-        negative_prompt=negative,
-        width=width,
-        height=height,
-        steps=steps,
-        guidance_scale=guidance,
-        seed=seed,
-    )
+def picture(guidance, seed=7, **fields):
+    return item(guidance=guidance, seed=seed, **fields)
 
 
 def digit(guidance, seed=7, label=3, steps=8):

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from services.worker import metrics
 from services.worker.engine.batch import Batch, ShouldStop
 from services.worker.engine.batcher import Batcher, Pending
+from services.worker.engine.settle import settle
 from services.worker.pipelines.base import GraphPipeline, ImageResult, Pipeline, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text_decoder import Decoder
@@ -85,7 +86,7 @@ class Engine:
             await self._run_batch(group)
         except Exception as exc:
             if len(group) == 1:
-                _settle(group[0].future, None, exc)
+                settle(group[0].future, None, exc)
                 return
             # One item's error must not fail its neighbours: run each one alone, and fail
             # only those that fail alone (each item's result is the same alone or batched).
@@ -98,7 +99,7 @@ class Engine:
                 try:
                     await self._run_batch([p])
                 except Exception as alone:
-                    _settle(p.future, None, alone)
+                    settle(p.future, None, alone)
 
     async def _run_batch(self, group: list[Pending]) -> None:
         """Run the group as one batch and settle every future; raise what failed it."""
@@ -106,20 +107,11 @@ class Engine:
 
         def stopped(i: int) -> None:
             # Called on the device thread between steps.
-            loop.call_soon_threadsafe(_settle, group[i].future, None, PipelineStopped())
+            loop.call_soon_threadsafe(settle, group[i].future, None, PipelineStopped())
 
         batch = Batch(
             [p.item for p in group], [p.should_stop for p in group], on_stop=stopped
         )
         results = await self.pipeline.run_async(batch)
         for p, result in zip(group, results, strict=True):
-            _settle(p.future, result, None)
-
-
-def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
+            settle(p.future, result, None)

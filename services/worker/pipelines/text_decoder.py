@@ -29,6 +29,7 @@ import torch
 
 from services.worker import metrics
 from services.worker.engine import sync
+from services.worker.engine.settle import settle
 from services.worker.pipelines.base import TextResult
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text_rows import Row, Sequence
@@ -131,7 +132,7 @@ class Decoder:
         for w in [w for w in self.waiting if w.gone]:
             self.waiting.remove(w)
             if not w.future.done():
-                w.loop.call_soon_threadsafe(_settle, w.future, None, PipelineStopped())
+                w.loop.call_soon_threadsafe(settle, w.future, None, PipelineStopped())
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -147,9 +148,9 @@ class Decoder:
                 settles = self._failed(admit, exc)
             for waiting, result, exc in settles:
                 if waiting.loop is loop:
-                    _settle(waiting.future, result, exc)
+                    settle(waiting.future, result, exc)
                 else:  # submitted from another loop (a test's or a benchmark's own)
-                    waiting.loop.call_soon_threadsafe(_settle, waiting.future, result, exc)
+                    waiting.loop.call_soon_threadsafe(settle, waiting.future, result, exc)
 
     async def _burst_gathered(self) -> bool:
         """An idle decoder starts at once, unless more sub-requests are on their way: then it
@@ -355,12 +356,3 @@ class Decoder:
         for t in (self.next_ids, self.positions, self.made, self.uniforms):
             t[dst] = t[src]
         self.params[:, dst] = self.params[:, src]
-
-
-def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
