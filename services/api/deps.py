@@ -3,6 +3,7 @@
 Every dependency here is `async def`: FastAPI runs a plain `def` dependency in its thread pool,
 a thread hand-off per dependency per request for what is an attribute read."""
 
+import re
 from typing import Annotated
 
 import redis.asyncio as aioredis
@@ -65,7 +66,13 @@ SubmissionsDep = Annotated[Submissions, Depends(_submissions)]
 EventHubDep = Annotated[EventHub, Depends(_hub)]
 
 
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
+
+
 async def _job(job_id: str, store: JobStoreDep, principal: PrincipalDep) -> JobRecord:
+    if not _JOB_ID.fullmatch(job_id):
+        # Not an id this API makes: never a Redis key (`{id}:webhooks` would name another).
+        raise JobNotFound(job_id)
     rec = await store.get(job_id)  # JobNotFound becomes a 404 in services/api/errors.py
     if principal.key_id is not None and rec.meta.owner != principal.key_id:
         raise JobNotFound(job_id)  # another key's job: as if it did not exist

@@ -15,7 +15,11 @@ _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+)")
 def prefer_wait(prefer: str | None, limit: int) -> int | None:
     """The seconds a `Prefer` header asks to wait, capped at the server's limit."""
     m = _PREFER_WAIT.search(prefer or "")
-    return min(int(m.group(1)), limit) if m else None
+    if m is None:
+        return None
+    digits = m.group(1)
+    # Past nine digits it is above any limit; int() of thousands of digits raises.
+    return limit if len(digits) > 9 else min(int(digits), limit)
 
 
 @dataclass

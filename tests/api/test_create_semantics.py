@@ -52,6 +52,23 @@ def test_prefer_wait_is_capped_at_the_server_limit(settings_env, monkeypatch):
     assert resp.status_code == 202 and resp.headers["Preference-Applied"] == "wait=1"
 
 
+def test_a_prefer_wait_of_thousands_of_digits_is_the_server_limit(settings_env, monkeypatch):
+    monkeypatch.setenv("FIBERMILL_MAX_WAIT_SECONDS", "1")
+    with TestClient(create_app()) as client:
+        resp = client.post("/v1/jobs", json=TEXT, headers={"Prefer": "wait=" + "9" * 5000})
+        jobs = client.get("/v1/jobs").json()["jobs"]
+    assert resp.status_code == 202 and resp.headers["Preference-Applied"] == "wait=1"
+    assert [j["id"] for j in jobs] == [resp.json()["id"]]  # one job, answered once
+
+
+def test_an_id_this_api_never_makes_is_a_404_not_a_redis_key(client):
+    job = client.post("/v1/jobs", json=TEXT).json()
+    for suffix in (":webhooks", ":results", ":attempts"):
+        assert client.get(f"/v1/jobs/{job['id']}{suffix}").status_code == 404
+        assert client.get(f"/v1/jobs/nosuchjob{suffix}").status_code == 404
+    assert client.get(f"/v1/jobs/{job['id']}").status_code == 200
+
+
 def test_deadline_fails_the_job(client):
     job = client.post("/v1/jobs", json={**TEXT, "deadline_seconds": 0.3}).json()
     deadline = time.monotonic() + 10
