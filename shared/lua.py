@@ -291,3 +291,16 @@ redis.call('HSET', KEYS[1], 'tokens', tokens, 'at', now)
 redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
 return string.format('%.6f', wait)
 """
+
+# KEYS: key. ARGV: expected value, new value ('' to delete).
+# Changes a value only if it is still the one the caller read (Idempotency-Key claims: a request
+# never frees or overwrites a claim another request made in the meantime). Returns 1 or 0.
+SWAP_IF_EQUAL = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+end
+return 1
+"""

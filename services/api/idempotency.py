@@ -1,9 +1,17 @@
 """Idempotency-Key on job creation: the same key with the same body gives the same job; with a
-different body, a 409. Keys are scoped to the caller's API key and kept for a day."""
+different body, a 409. Keys are scoped to the caller's API key and kept for a day.
 
+A claim names its job and says whether the job was stored yet. A second request that finds a
+claim whose job is not in the store tells the two cases apart: a stored job that has since
+expired frees the key; one still being created (by a request running beside it) is waited for
+briefly and returned, else answered 409, so two concurrent requests make one job. Every change
+to a claim checks that it is still the one it read (shared/lua.py `SWAP_IF_EQUAL`)."""
+
+import asyncio
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -11,11 +19,17 @@ import redis.asyncio as aioredis
 
 from shared import names
 from shared.errors import IdempotencyConflict, JobNotFound
+from shared.lua import SWAP_IF_EQUAL
 
 T = TypeVar("T")  # whatever the caller's loader gives for an earlier job
 
 TTL_SECONDS = 24 * 3600
 MAX_KEY_LENGTH = 255
+# A claim whose job is still not stored after this long lost its creator (it crashed).
+ABANDONED_SECONDS = 60.0
+# How long a request waits for a job that a concurrent request with its key is creating.
+IN_PROGRESS_WAIT_SECONDS = 2.0
+IN_PROGRESS_POLL_SECONDS = 0.02
 
 
 def body_digest(body: dict) -> str:
@@ -27,23 +41,32 @@ def _key(owner: str | None, key: str) -> str:
     return f"{names.PREFIX}:idem:{scoped}"
 
 
+def _entry(job_id: str, digest: str, stored: bool, at: float | None = None) -> str:
+    return json.dumps({"job": job_id, "digest": digest, "stored": stored,
+                       "at": time.time() if at is None else at})
+
+
 async def claim(redis: aioredis.Redis, owner: str | None, key: str, digest: str,
-                job_id: str) -> str | None:
-    """Claim `key` for a new job `job_id`; returns the earlier job's id if the key was used
-    with this same body, raises IdempotencyConflict if it was used with another."""
-    entry = json.dumps({"job": job_id, "digest": digest})
+                entry: str) -> tuple[str, dict] | None:
+    """Claim `key` with `entry` (`_entry`, not stored yet): None when it is ours, else the claim
+    found (raw and decoded) if the key was used with this same body; IdempotencyConflict for
+    another body."""
     if await redis.set(_key(owner, key), entry, nx=True, ex=TTL_SECONDS):
         return None
-    earlier = json.loads(await redis.get(_key(owner, key)) or "{}")
+    raw = await redis.get(_key(owner, key))
+    if raw is None:
+        return await claim(redis, owner, key, digest, entry)  # freed in between: try again
+    earlier = json.loads(raw)
     if earlier.get("digest") != digest:
         raise IdempotencyConflict(
             "Idempotency-Key was already used with a different request body")
-    return earlier["job"]
+    return raw.decode(), earlier
 
 
-async def release(redis: aioredis.Redis, owner: str | None, key: str) -> None:
-    """Forget a claim whose job could not be created, so a retry can succeed."""
-    await redis.delete(_key(owner, key))
+async def _swap(redis: aioredis.Redis, owner: str | None, key: str, expected: str,
+                new: str = "") -> bool:
+    """Replace the claim (or delete it, `new` empty) only if it is still `expected`."""
+    return bool(await redis.eval(SWAP_IF_EQUAL, 1, _key(owner, key), expected, new))
 
 
 class Claims:
@@ -71,7 +94,7 @@ class Claims:
         if key is None:
             yield None
             return
-        earlier = await self._claim_or_load(owner, key, digest, job_id, load)
+        earlier, ours = await self._claim_or_load(owner, key, digest, job_id, load)
         if earlier is not None:
             yield earlier  # not our claim: nothing to release whatever the block does
             return
@@ -79,9 +102,11 @@ class Claims:
             yield None
         except Exception:
             # Not BaseException: a cancelled request may already have stored its job, and a
-            # key left pointing at a job that never existed is freed by the next attempt anyway.
-            await release(self.redis, owner, key)
+            # claim left pointing at a job never stored is freed once it is abandoned.
+            await _swap(self.redis, owner, key, ours)
             raise
+        await _swap(self.redis, owner, key, ours,
+                    _entry(job_id, digest, True, json.loads(ours)["at"]))
 
     async def _claim_or_load(
         self,
@@ -90,15 +115,35 @@ class Claims:
         digest: str,
         job_id: str,
         load: Callable[[str], Awaitable[T]],
-    ) -> T | None:
-        """None once the key is ours, else the earlier job it names."""
+    ) -> tuple[T | None, str]:
+        """(None, our claim) once the key is ours, else (the earlier job it names, '')."""
         while True:
-            earlier = await claim(self.redis, owner, key, digest, job_id)
-            if earlier is None:
-                return None
+            ours = _entry(job_id, digest, stored=False)
+            found = await claim(self.redis, owner, key, digest, ours)
+            if found is None:
+                return None, ours
+            raw, earlier = found
+            job = await self._earlier_job(earlier, load)
+            if job is not None:
+                return job, ""
+            # Its job expired, or its creator died before storing it: the key is free again.
+            # Loop, as another request may claim it between our release and our next claim.
+            await _swap(self.redis, owner, key, raw)
+
+    async def _earlier_job(self, earlier: dict, load: Callable[[str], Awaitable[T]]) -> T | None:
+        """The job a claim names; None when it is gone for good; waits a little for one that
+        a concurrent request is still creating, and answers 409 if it does not appear."""
+        deadline = time.monotonic() + IN_PROGRESS_WAIT_SECONDS
+        while True:
             try:
-                return await load(earlier)
+                return await load(earlier["job"])
             except JobNotFound:
-                # The earlier job expired before its key did: the key is free again. Loop, as
-                # another request may claim it between our release and our next claim.
-                await release(self.redis, owner, key)
+                if earlier.get("stored", True):
+                    return None  # stored, then expired
+                if time.time() - earlier.get("at", 0) > ABANDONED_SECONDS:
+                    return None
+                if time.monotonic() > deadline:
+                    raise IdempotencyConflict(
+                        "a request with this Idempotency-Key is still being processed; "
+                        "retry shortly") from None
+                await asyncio.sleep(IN_PROGRESS_POLL_SECONDS)

@@ -1,8 +1,10 @@
 """The Idempotency-Key claim around job creation, on the tests' real Redis: released when
 creating the job fails, claimed anew when its earlier job expired, a 409 for another body."""
 
+import asyncio
 import copy
 import json
+import time
 
 import pytest
 import redis
@@ -36,8 +38,9 @@ def claims(aredis) -> idempotency.Claims:
 
 
 async def _entry(aredis, key: str) -> dict | None:
+    """The claim's job and digest (and whether its job was stored), without its time."""
     raw = await aredis.get(idempotency._key(OWNER, key))
-    return json.loads(raw) if raw else None
+    return {k: v for k, v in json.loads(raw).items() if k != "at"} if raw else None
 
 
 async def _stored(store: JobStore, job_id: str) -> str:
@@ -63,7 +66,7 @@ async def test_a_key_is_released_when_the_block_raises(claims, aredis, store):
     assert await _entry(aredis, "k") is None
     async with claims.hold(OWNER, "k", DIGEST, "j2", store.get) as earlier:
         assert earlier is None  # the retry claims the key for its own job
-    assert await _entry(aredis, "k") == {"job": "j2", "digest": DIGEST}
+    assert await _entry(aredis, "k") == {"job": "j2", "digest": DIGEST, "stored": True}
 
 
 async def test_a_replay_whose_block_raises_keeps_the_earlier_claim(claims, aredis, store):
@@ -81,7 +84,48 @@ async def test_a_key_whose_earlier_job_expired_is_claimed_anew(claims, aredis, s
         pass  # the key names a job that is not (or no longer) in the store
     async with claims.hold(OWNER, "k", DIGEST, "j2", store.get) as earlier:
         assert earlier is None
-    assert await _entry(aredis, "k") == {"job": "j2", "digest": DIGEST}
+    assert await _entry(aredis, "k") == {"job": "j2", "digest": DIGEST, "stored": True}
+
+
+async def test_concurrent_requests_with_one_key_make_one_job(claims, aredis, store):
+    """Each pair enters together; the first to claim takes a while to store its job. The
+    second waits for it and replays it, instead of taking the key and making a second job."""
+    created: list[str] = []
+
+    async def request(key: str, job_id: str, delay: float):
+        async with claims.hold(OWNER, key, DIGEST, job_id, store.get) as earlier:
+            if earlier is not None:
+                return earlier.id
+            await asyncio.sleep(delay)  # validating, splitting, storing
+            created.append(await _stored(store, job_id))
+            return job_id
+
+    pairs = await asyncio.gather(*(
+        asyncio.gather(request(f"k{i}", f"a{i}", 0.05), request(f"k{i}", f"b{i}", 0.05))
+        for i in range(25)))
+    assert len(created) == 25
+    assert all(a == b for a, b in pairs)  # both requests of a pair answer with one job
+
+
+async def test_a_claim_still_in_progress_is_a_409_after_a_short_wait(claims, aredis, store,
+                                                                     monkeypatch):
+    monkeypatch.setattr(idempotency, "IN_PROGRESS_WAIT_SECONDS", 0.1)
+    async with claims.hold(OWNER, "k", DIGEST, "slow", store.get):
+        with pytest.raises(IdempotencyConflict, match="still being processed"):
+            async with claims.hold(OWNER, "k", DIGEST, "other", store.get):
+                pytest.fail("the block must not run")
+        await _stored(store, "slow")
+    assert await _entry(aredis, "k") == {"job": "slow", "digest": DIGEST, "stored": True}
+
+
+async def test_an_abandoned_claim_is_taken_over(claims, aredis, store):
+    stale = idempotency._entry("never-stored", DIGEST, stored=False,
+                               at=time.time() - idempotency.ABANDONED_SECONDS - 1)
+    await aredis.set(idempotency._key(OWNER, "k"), stale)
+    async with claims.hold(OWNER, "k", DIGEST, "j2", store.get) as earlier:
+        assert earlier is None
+        await _stored(store, "j2")
+    assert (await _entry(aredis, "k"))["job"] == "j2"
 
 
 async def test_another_body_is_a_conflict_and_keeps_the_first_claim(claims, aredis, store):
@@ -90,7 +134,7 @@ async def test_another_body_is_a_conflict_and_keeps_the_first_claim(claims, ared
     with pytest.raises(IdempotencyConflict, match="different request body"):
         async with claims.hold(OWNER, "k", "another digest", "j2", store.get):
             pytest.fail("the block must not run")
-    assert await _entry(aredis, "k") == {"job": "j1", "digest": DIGEST}
+    assert await _entry(aredis, "k") == {"job": "j1", "digest": DIGEST, "stored": True}
 
 
 async def test_keys_are_scoped_to_their_owner(claims, store):
