@@ -15,6 +15,7 @@ CANCEL_CHANNEL = f"{PREFIX}:cancel"  # pub/sub: job ids whose running sub-reques
 # Every API replica listens on one connection (services/api/events.py) and wakes its waiters.
 FINAL_CHANNEL = f"{PREFIX}:final"
 WORKER_PREFIX = f"{PREFIX}:worker:"
+WEBHOOK_SECRET = f"{PREFIX}:webhook_secret"  # this installation's generated signing secret
 
 
 def queue_for(model: str) -> str:

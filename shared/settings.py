@@ -68,7 +68,10 @@ class Settings(BaseSettings):
     max_deadline_seconds: int = Field(7 * 24 * 3600, ge=1)
 
     # Webhooks
-    webhook_secret: str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # replace in deployment
+    # The Standard Webhooks `whsec_` secret that signs webhooks. Unset, every installation makes
+    # its own on first start and keeps it in Redis (`fm:webhook_secret`): never a value anyone
+    # can read in this source.
+    webhook_secret: str | None = None
     webhook_allow_private: bool = False  # allow loopback/private targets (local development)
     webhook_timeout_seconds: float = Field(10.0, gt=0)
     webhook_retry_total_seconds: float = Field(3600.0, gt=0)

@@ -7,6 +7,8 @@ from shared.celery_config import make_celery
 from shared.registry import load_registry
 from shared.settings import Settings
 
+WEBHOOK_SECRET = "whsec_" + "dGVzdHMgb2YgZmliZXJtaWxsIHdlYmhvb2tz"  # tests only
+
 
 @pytest.fixture
 def settings(redis_url, model_dir) -> Settings:
@@ -14,6 +16,7 @@ def settings(redis_url, model_dir) -> Settings:
         redis_url=redis_url,
         model_registry=model_dir / "registry.yaml",
         joiner_claim_idle_seconds=0.05,
+        webhook_secret=WEBHOOK_SECRET,
         joiner_block_ms=50,
         max_attempts=2,
     )

@@ -25,6 +25,7 @@ from shared import names
 from shared.job import JobMeta, JobStatus
 from shared.jobstore import JobRecord, JobStore
 from shared.settings import Settings
+from tests.api.conftest import WEBHOOK_SECRET
 
 # A finished text job's output, as the joiner assembles it.
 OUTPUT = [{"text": "ok", "finish_reason": "stop", "tokens": 1, "worker": "w/1"}]
@@ -134,6 +135,7 @@ def make_settings(**overrides: Any) -> Settings:
         "webhook_timeout_seconds": 3.0,
         "webhook_retry_total_seconds": 30.0,
         "webhook_progress_interval_seconds": 0.0,
+        "webhook_secret": WEBHOOK_SECRET,
     }
     return Settings(**{**values, **overrides})
 

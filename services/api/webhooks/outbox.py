@@ -27,10 +27,12 @@ from datetime import UTC, datetime
 from typing import Literal, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from services.api.envelope import envelope
 from services.api.webhooks.metrics import DELIVERIES
 from services.api.webhooks.retry import backoff
+from services.api.webhooks.secret import installation_secret
 from services.api.webhooks.sender import Attempt, Sender
 from services.api.webhooks.signing import Signer
 from shared.asyncio_compat import raise_if_cancelled
@@ -106,7 +108,9 @@ class Outbox:
             WEBHOOKS_DUE_UPDATES: max_updates_in_flight,
         }
         self.verify = verify
-        self.signer = Signer(settings.webhook_secret)  # a bad secret fails at startup
+        # A bad configured secret fails at startup; none configured: the installation's own,
+        # read from Redis when the sender starts.
+        self.signer = Signer(settings.webhook_secret) if settings.webhook_secret else None
         self.lease_seconds = settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS
         # A completed delivery's tombstone lives as long as its job, and at least until the
         # last retry could have been claimed.
@@ -152,6 +156,12 @@ class Outbox:
     # Sender loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
+        while self.signer is None:
+            try:
+                self.signer = Signer(await installation_secret(self.redis))
+            except RedisError:
+                log.warning("webhook sender waits for Redis to read its signing secret")
+                await asyncio.sleep(1)
         sender = Sender(
             self.signer,
             self.settings.webhook_timeout_seconds,
