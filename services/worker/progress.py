@@ -2,9 +2,8 @@
 
 Pipelines call their `should_stop` hook once between denoise or decode steps; that boundary is
 also where progress is counted, so this hook does both. Publishing is fire-and-forget and
-throttled to one event per `MIN_INTERVAL_SECONDS`, the first one that long after the
-sub-request arrived: a slow Redis never slows the device thread, and a short sub-request (most
-text) costs Redis nothing here, its result being its progress.
+throttled to one event per `MIN_INTERVAL_SECONDS` (the first at the first step, so that even a
+short sub-request shows it started): a slow Redis never slows the device thread.
 """
 
 import asyncio
@@ -29,7 +28,7 @@ class ProgressPublisher:
         sub = flight.sub
         total = sub.item.steps if isinstance(sub.item, ImageItem) else sub.item.max_new_tokens
         channel = names.events_channel(sub.job_id)
-        last_sent = time.monotonic()
+        last_sent = 0.0
 
         def should_stop() -> bool:
             nonlocal last_sent
