@@ -265,6 +265,35 @@ async def test_receiver_down_across_an_outbox_restart(store, receivers, outboxes
     assert ds[-1].status_code == 200
 
 
+async def test_an_attempt_on_record_keeps_its_number_when_its_replica_stops(
+    store, receivers, outboxes, monkeypatch
+):
+    """The replica stops right after recording a failed attempt: the next replica's attempt
+    takes the next number, it does not repeat this one."""
+    settings = make_settings()
+    r = receivers(start=False)  # down: the first attempt fails
+    first, task = outboxes(settings, "api-1")
+    record = store.record_delivery
+
+    async def record_then_stop(job_id, delivery):
+        await record(job_id, delivery)
+        # The replica goes away between recording and settling the attempt.
+        for sending in [t for busy in first._busy.values() for t in busy]:
+            sending.cancel()
+        task.cancel()
+
+    monkeypatch.setattr(store, "record_delivery", record_then_stop)
+    rec = await new_job(store, r.url)
+    await first.enqueue(rec, "completed")
+    await asyncio.gather(task, return_exceptions=True)
+    monkeypatch.setattr(store, "record_delivery", record)
+    r.start()
+    outboxes(settings, "api-2")
+    ds = await attempts(store, rec.id, 2)
+    assert [d.attempt for d in ds] == [1, 2]
+    assert ds[0].status_code is None and ds[1].status_code == 200
+
+
 async def test_4xx_is_final(store, receivers, outboxes):
     settings = make_settings()
     r = receivers(lambda _h, _n: (410, {}))

@@ -229,19 +229,25 @@ class Outbox:
         return claims
 
     async def _deliver(self, claim: Claim, sender: Sender) -> None:
+        recorded: list[bool] = []  # set once this attempt is on the job's record
         try:
-            await self._attempt(claim, sender)
+            await self._attempt(claim, sender, recorded)
         except asyncio.CancelledError:
-            # Shutting down: hand the claim back rather than leave it for the lease to expire.
+            # Shutting down: hand the claim back rather than leave it for the lease to expire;
+            # an attempt already on record keeps its number (the next one is due now).
             with contextlib.suppress(Exception):
-                await self._release(keys=claim.keys,
-                                    args=[claim.id, claim.attempt, repr(time.time())])
+                if recorded:
+                    await self._settle(keys=claim.keys,
+                                       args=[claim.id, claim.attempt, repr(time.time()), ""])
+                else:
+                    await self._release(keys=claim.keys,
+                                        args=[claim.id, claim.attempt, repr(time.time())])
             raise
         except Exception:
             # Left claimed: the lease runs out and a replica tries again.
             log.exception("webhook %s attempt %d failed", claim.id, claim.attempt)
 
-    async def _attempt(self, claim: Claim, sender: Sender) -> None:
+    async def _attempt(self, claim: Claim, sender: Sender, recorded: list[bool]) -> None:
         try:
             rec = await self.store.get(claim.job_id)
         except JobNotFound:
@@ -257,10 +263,19 @@ class Outbox:
         payload = envelope(rec, self.settings.public_url).model_dump(mode="json")
         at = datetime.now(UTC)
         result = await sender.post(str(rec.meta.webhook), claim.id, payload)
-        await self.store.record_delivery(claim.job_id, WebhookDelivery(
+        record = asyncio.ensure_future(self.store.record_delivery(claim.job_id, WebhookDelivery(
             webhook_id=claim.id, event=claim.event, attempt=claim.attempt,
             status_code=result.status_code, error=result.error, at=at,
-        ))
+        )))
+        try:
+            await asyncio.shield(record)
+        finally:
+            # Whether or not this task is being cancelled, the record is written or failed
+            # before anyone decides what this attempt's number means.
+            with contextlib.suppress(BaseException):
+                await asyncio.wait([record])
+            if record.done() and not record.cancelled() and record.exception() is None:
+                recorded.append(True)
         if result.verdict == "delivered":
             await self._end(claim, "delivered")
             return
