@@ -24,6 +24,7 @@ from services.api.ratelimit import RateLimiter
 from services.api.routes import health, jobs, models, ui
 from services.api.routes import metrics as metrics_route
 from services.api.submission import Submissions
+from services.api.supervisor import Supervised
 from services.api.webhooks.outbox import Outbox
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
@@ -52,12 +53,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     s.hub = hub
     s.joiner = Joiner(redis, lifecycle, settings, consumer)
     s.janitor = Janitor(store, dispatcher, lifecycle, settings)
-    tasks = [
-        asyncio.create_task(s.joiner.run(), name="joiner"),
-        asyncio.create_task(s.janitor.run(), name="janitor"),
-        asyncio.create_task(outbox.run(), name="webhooks"),
-        asyncio.create_task(s.hub.run(), name="events"),
-    ]
+    s.loops = [Supervised("joiner", s.joiner.run), Supervised("janitor", s.janitor.run),
+               Supervised("webhooks", outbox.run), Supervised("events", s.hub.run)]
+    tasks = [asyncio.create_task(loop.run(), name=loop.name) for loop in s.loops]
     try:
         yield
     finally:

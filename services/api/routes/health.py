@@ -3,6 +3,7 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from services.api.supervisor import stopped
 from shared.settings import get_settings
 from shared.workers import live_workers
 
@@ -17,10 +18,14 @@ async def healthz() -> dict:
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     """200 when this replica should get traffic: not draining (SIGTERM seen, see
-    services/api/serve.py), Redis answers, and a worker is live unless
-    FIBERMILL_READY_REQUIRES_WORKERS is off (workers that scale to zero)."""
+    services/api/serve.py), its background loops running, Redis answers, and a worker is live
+    unless FIBERMILL_READY_REQUIRES_WORKERS is off (workers that scale to zero)."""
     if getattr(request.app.state, "draining", False):
         return JSONResponse({"status": "draining", "reason": "shutting down"}, status_code=503)
+    if down := stopped(getattr(request.app.state, "loops", [])):
+        reasons = "; ".join(f"{s.name}: {s.last_error}" for s in down)
+        return JSONResponse({"status": "unready", "reason": f"restarting {reasons}"},
+                            status_code=503)
     redis = request.app.state.redis
     try:
         await redis.ping()
