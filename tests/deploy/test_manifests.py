@@ -352,7 +352,8 @@ def test_api_hpa_scales_the_api_on_cpu(rendered):
         "Deployment",
         w["metadata"]["name"],
     )
-    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    assert hpa["spec"]["minReplicas"] >= 1, "the API never scales to zero"
+    assert hpa["spec"]["maxReplicas"] >= hpa["spec"]["minReplicas"]
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
     # utilization is relative to the request
     assert k8s.main_container(w)["resources"]["requests"]["cpu"]
