@@ -201,10 +201,9 @@ class Decoder:
     def _iterate(self, admit: list[Waiting]) -> list[Settle]:
         with torch.inference_mode():
             settles = self._admit(admit)
-            steps = min((r.left for r in self.running), default=0)
-            steps = min(STEPS_PER_READ, steps)
-            if self.running and any(r.left <= 0 for r in self.running):
-                steps = 0  # a row at its budget retires first
+            # Never past the smallest budget left: a row at its budget retires first.
+            left = [r.left for r in self.running]
+            steps = max(0, min(STEPS_PER_READ, *left)) if left else 0
             t0 = time.perf_counter()
             for step in range(1, steps + 1):
                 self._check_stops()
