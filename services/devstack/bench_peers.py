@@ -48,6 +48,7 @@ import httpx
 import yaml
 
 from services.devstack import gpt2_6x256
+from services.devstack.bench_engine import stack_env
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 from shared.settings import REPO_ROOT
@@ -430,14 +431,8 @@ def fibermill_stack(registry: Path, models: Sequence[str], logdir: Path) -> Iter
     """Redis, the API and one CPU worker serving `models` from `registry`; yields the API URL."""
     rport, port = free_port(), free_port()
     redis_proc = start_redis(rport, logdir / "redis", appendonly=False)
-    env = {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
-           "FIBERMILL_MODEL_REGISTRY": str(registry),
-           "FIBERMILL_WORKER_MODELS": ",".join(models),
-           "FIBERMILL_WORKER_METRICS_PORT": "0", "FIBERMILL_LOG_LEVEL": "WARNING",
-           "FIBERMILL_CPU_WORKERS": "1",
-           # the bench keeps 32 clients submitting, far past a client's default rate limit
-           "FIBERMILL_RATE_LIMIT_PER_MINUTE": "1000000",
-           "FIBERMILL_RATE_LIMIT_BURST": "100000"}
+    env = {**stack_env(rport, 0, ",".join(models), batching=True),
+           "FIBERMILL_MODEL_REGISTRY": str(registry), "FIBERMILL_CPU_WORKERS": "1"}
     wlog, alog = logdir / "workers.log", logdir / "api.log"
     with open(wlog, "wb") as wout, open(alog, "wb") as aout:
         workers = start_workers(env, stdout=wout, stderr=subprocess.STDOUT)
