@@ -1,6 +1,8 @@
 """The job store: jobs, their sub-results and the sub-request leases, in Redis.
 
-Every change is one atomic Lua script (shared/lua.py). Timestamps are epoch seconds.
+Every change is one atomic Lua script (shared/lua.py). Timestamps are epoch seconds of the Redis
+server's clock (its TIME, read inside the scripts), so that hosts whose clocks disagree still
+agree on when a lease or a deadline ran out.
 """
 
 import itertools
@@ -24,7 +26,8 @@ from shared.messages import (
     SubResult,
 )
 
-STREAM_MAXLEN = 100_000
+# A deadline or a dispatch the janitor took but did not finish with is due again this much later.
+RETRY_CLAIM_SECONDS = 30.0
 JOBS_INDEX_SIZE = 1000  # recent jobs listed per API key
 TRIM_INDEX_EVERY = 16  # creates between two trims of an owner's index (it may pass the size
 # by what this many creates add, per replica, in between)
@@ -82,6 +85,10 @@ class JobStore:
         self._claim_expired = redis.register_script(lua.CLAIM_EXPIRED)
         self._hand_back = redis.register_script(lua.HAND_BACK_LEASE)
         self._create = redis.register_script(lua.CREATE_JOB)
+        self._charge = redis.register_script(lua.CHARGE_ATTEMPTS)
+        self._mark_sent = redis.register_script(lua.MARK_SENT)
+        self._claim_lost = redis.register_script(lua.CLAIM_LOST)
+        self._claim_due = redis.register_script(lua.CLAIM_DUE)
         self._creates = itertools.count()
 
     # Jobs -----------------------------------------------------------------------------------
@@ -94,8 +101,9 @@ class JobStore:
 
         With `enqueue`, its sub-request messages go onto the queue in that same step. Without,
         the caller sends them and then calls `mark_dispatched`; until then the job is marked as
-        being dispatched, so that if the caller dies half-way the janitor sends the rest."""
-        now = time.time()
+        being dispatched, so that if the caller dies half-way the janitor sends the rest.
+        Called again with the same id (a retry after a lost reply), it stores and sends nothing
+        and returns the job as stored."""
         meta = meta or JobMeta()
         mapping = {
             "meta": meta.model_dump_json(),
@@ -104,24 +112,27 @@ class JobStore:
             "input": json.dumps(input),
             "total": total,
             "status": JobStatus.QUEUED.value,
-            "created_at": repr(now),
+            # created_at: the Redis server's time, set by the script
             "done": 0,  # kept equal to the size of its results hash by STORE_RESULT
             # The webhook events the job wants, read by the scripts (ACQUIRE_LEASE).
             "hooks": ",".join(meta.webhook_events_filter) if meta.webhook else "",
         }
         fields = [str(x) for kv in mapping.items() for x in kv]
         trim = next(self._creates) % TRIM_INDEX_EVERY == 0
-        deadline = now + meta.deadline_seconds if meta.deadline_seconds is not None else None
-        await self._create(
+        created = await self._create(
             keys=[names.job_key(job_id), names.backlog_key(model),
                   names.jobs_index_key(meta.owner), names.DEADLINES, names.DISPATCHING,
                   enqueue.queue if enqueue else names.DISPATCHING],
-            args=[job_id, repr(now), total, repr(deadline) if deadline is not None else "",
+            args=[job_id, "", total,
+                  repr(meta.deadline_seconds) if meta.deadline_seconds is not None else "",
                   JOBS_INDEX_SIZE if trim else "", "1" if enqueue else "0", len(fields),
                   *fields,
                   *(enqueue.messages if enqueue else ())],
         )
-        return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, now, meta=meta)
+        if created == 0:
+            return await self.get(job_id)
+        return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, float(created),
+                         meta=meta)
 
     async def recent(self, owner: str | None, limit: int) -> list[JobRecord]:
         """The owner's most recent jobs, newest first (expired ones are skipped)."""
@@ -138,12 +149,15 @@ class JobStore:
         await self.redis.zrem(names.DISPATCHING, job_id)
 
     async def claim_stale_dispatches(self, older_than: float, limit: int = 100) -> list[str]:
-        """Jobs whose creator died before it finished sending their sub-requests."""
-        ids = await self.redis.zrangebyscore(
-            names.DISPATCHING, "-inf", time.time() - older_than, start=0, num=limit
-        )
-        # ZREM returns 1 only for the one replica that takes the job.
-        return [i.decode() for i in ids if await self.redis.zrem(names.DISPATCHING, i)]
+        """Jobs whose creator died before it finished sending their sub-requests. Each is
+        taken by one caller and stays marked (due again after RETRY_CLAIM_SECONDS) until that
+        caller's `mark_dispatched`."""
+        return await self._claim(names.DISPATCHING, older_than, limit)
+
+    async def _claim(self, key: str, age: float, limit: int) -> list[str]:
+        ids = await self._claim_due(keys=[key], args=[repr(age), repr(RETRY_CLAIM_SECONDS),
+                                                      limit])
+        return [i.decode() for i in ids]
 
     async def get(self, job_id: str) -> JobRecord:
         """The job as stored: one HGETALL, plus a second round trip only for a job with a
@@ -218,7 +232,6 @@ class JobStore:
                 "f" if rec.meta.wants("completed") else "",
                 "" if all_results else "k",
             ))
-        now = time.time()
         res = await self._finalize(
             keys=[
                 names.job_key(job_id),
@@ -234,10 +247,10 @@ class JobStore:
                 status.value,
                 json.dumps(output),
                 error.model_dump_json() if error else "",
-                repr(now),
+                "",
                 self.finished_ttl,
                 job_id,
-                STREAM_MAXLEN,
+                "",
                 flags,
                 names.FINAL_CHANNEL,
                 names.CANCEL_CHANNEL,
@@ -246,9 +259,10 @@ class JobStore:
         )
         if res == -1:
             raise JobNotFound(job_id)
-        if res != 1:
+        if res == 0:
             return None
-        return replace(rec, status=status, output=output, error=error, completed_at=now)
+        return replace(rec, status=status, output=output, error=error,
+                       completed_at=float(res))
 
     async def record_delivery(self, job_id: str, delivery: WebhookDelivery) -> None:
         """Append a webhook attempt to the job; it expires with the job."""
@@ -259,10 +273,13 @@ class JobStore:
             await pipe.execute()
 
     async def claim_due_deadlines(self, limit: int = 100) -> list[str]:
-        """Jobs past their deadline; ZREM makes exactly one replica take each."""
-        ids = await self.redis.zrangebyscore(names.DEADLINES, "-inf", time.time(),
-                                             start=0, num=limit)
-        return [i.decode() for i in ids if await self.redis.zrem(names.DEADLINES, i)]
+        """Jobs past their deadline, each taken by one caller; a job stays listed (due again
+        after RETRY_CLAIM_SECONDS) until it is final (FINALIZE removes it) or `deadline_done`."""
+        return await self._claim(names.DEADLINES, 0.0, limit)
+
+    async def deadline_done(self, job_id: str) -> None:
+        """The job needs no deadline any more (it was final, or gone, when its deadline came)."""
+        await self.redis.zrem(names.DEADLINES, job_id)
 
     # Sub-results ----------------------------------------------------------------------------
 
@@ -289,7 +306,7 @@ class JobStore:
                 blob or b"",
                 job_id,
                 int(result.ok),
-                STREAM_MAXLEN,
+                "",
                 member,
                 result.worker,
             ],
@@ -317,14 +334,12 @@ class JobStore:
     async def acquire_lease(
         self, sub: SubRequest, worker: str, lease_seconds: float, max_attempts: int
     ) -> LeaseGrant:
-        now = time.time()
         running = StatusEvent(data={"id": sub.job_id, "status": JobStatus.RUNNING.value})
         outcome, detail = await self._acquire(
             keys=[names.job_key(sub.job_id), names.results_key(sub.job_id), names.LEASES,
                   names.LEASE_OWNERS, names.attempts_key(sub.job_id), names.COMPLETIONS_STREAM],
-            args=[sub.index, sub.member, worker, repr(now), repr(now + lease_seconds),
-                  max_attempts, sub.job_id, STREAM_MAXLEN, names.events_channel(sub.job_id),
-                  running.encode()],
+            args=[sub.index, sub.member, worker, repr(lease_seconds), max_attempts, sub.job_id,
+                  "", names.events_channel(sub.job_id), running.encode()],
         )
         outcome = LeaseOutcome(outcome.decode())
         counted = outcome in (LeaseOutcome.ACQUIRED, LeaseOutcome.EXHAUSTED)
@@ -335,27 +350,51 @@ class JobStore:
             return 0
         return await self._renew(
             keys=[names.LEASES, names.LEASE_OWNERS],
-            args=[worker, repr(time.time() + lease_seconds), *members],
+            args=[worker, repr(lease_seconds), *members],
         )
+
+    async def charge_attempts(self, members: list[str], worker: str) -> int:
+        """Charge an attempt to each of `members` this worker leases: they start on the
+        device now. Returns how many were charged."""
+        if not members:
+            return 0
+        jobs = [m.rpartition(":")[0] for m in members]
+        return await self._charge(
+            keys=[names.LEASES, names.LEASE_OWNERS, *map(names.attempts_key, jobs)],
+            args=[worker, *members],
+        )
+
+    async def mark_sent(self, model: str, members: list[str]) -> None:
+        """These outstanding sub-requests are being sent again: they count as sent now."""
+        if members:
+            await self._mark_sent(keys=[names.backlog_key(model)], args=members)
+
+    async def claim_lost(self, model: str, member: str, sent: float) -> bool:
+        """Take an outstanding sub-request that `sent` (its backlog score as read) says was
+        sent long ago and that no lease holds, to send it again; see lua.CLAIM_LOST."""
+        return bool(await self._claim_lost(keys=[names.backlog_key(model), names.LEASES],
+                                           args=[member, repr(sent)]))
 
     async def release_lease(self, member: str, worker: str) -> bool:
         return bool(
             await self._release(keys=[names.LEASES, names.LEASE_OWNERS], args=[member, worker])
         )
 
-    async def hand_back_lease(self, sub: SubRequest, worker: str, new_owner: str) -> bool:
+    async def hand_back_lease(self, sub: SubRequest, worker: str, new_owner: str,
+                              charged: bool) -> bool:
         """Expire `worker`'s lease on `sub` at once, owned by `new_owner` from now on, and give
-        back the attempt it used. False when `worker` no longer held it."""
+        back the attempt it was `charged` (if it started). False when `worker` no longer held
+        it."""
         return bool(
             await self._hand_back(
                 keys=[names.LEASES, names.LEASE_OWNERS, names.attempts_key(sub.job_id)],
-                args=[sub.member, worker, new_owner, sub.index],
+                args=[sub.member, worker, new_owner, sub.index, "1" if charged else "0"],
             )
         )
 
     async def claim_expired_leases(self, limit: int = 100) -> list[tuple[str, int]]:
         members = await self._claim_expired(
-            keys=[names.LEASES, names.LEASE_OWNERS], args=[repr(time.time()), limit]
+            keys=[names.LEASES, names.LEASE_OWNERS], args=[limit]
         )
         out = []
         for m in members:

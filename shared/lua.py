@@ -10,19 +10,31 @@ local function is_final(s)
 end
 """
 
+# Every time a script decides on (lease expiry, deadlines, what counts as sent long ago) or
+# stamps on a job is the Redis server's, never a caller's: API hosts and workers may disagree.
+_NOW = """
+local function now_seconds()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""
+
 # KEYS: job, the model's backlog, the owner's jobs index, deadlines, dispatching, the queue's
 # priority list.
-# ARGV: job id, now, total, deadline time ('' for none), index size to trim to ('' not this
-# time), '1' when the messages follow ('0': the caller sends them itself), the number n of hash
-# field/value items that follow, the n items, then the job's sub-request messages.
-# Stores a job and puts its sub-requests in the model's backlog and, in the same step, either
-# pushes its sub-request messages onto the queue (kombu's list for the job's priority), so that
-# a job is never stored half-sent, or, when the caller sends them itself, marks the job as being
-# dispatched for the janitor. Returns 1.
-CREATE_JOB = """
+# ARGV: job id, (unused), total, deadline in seconds from now ('' for none), index size to trim
+# to ('' not this time), '1' when the messages follow ('0': the caller sends them itself), the
+# number n of hash field/value items that follow, the n items, then the job's sub-request
+# messages.
+# Stores a job and puts its sub-requests in the model's backlog (scored with the time they were
+# sent) and, in the same step, either pushes its sub-request messages onto the queue (kombu's
+# list for the job's priority), so that a job is never stored half-sent, or, when the caller
+# sends them itself, marks the job as being dispatched for the janitor. Returns the time it was
+# created, or 0 when the job exists already (a retried call stores and sends nothing twice).
+CREATE_JOB = _NOW + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local n = tonumber(ARGV[7])
-redis.call('HSET', KEYS[1], unpack(ARGV, 8, 7 + n))
-local now, job = ARGV[2], ARGV[1]
+local now, job = now_seconds(), ARGV[1]
+redis.call('HSET', KEYS[1], 'created_at', tostring(now), unpack(ARGV, 8, 7 + n))
 local members = {}
 for i = 0, tonumber(ARGV[3]) - 1 do
   members[#members + 1] = now
@@ -33,26 +45,27 @@ for i = 0, tonumber(ARGV[3]) - 1 do
   end
 end
 if #members > 0 then redis.call('ZADD', KEYS[2], unpack(members)) end
-if ARGV[4] ~= '' then redis.call('ZADD', KEYS[4], ARGV[4], job) end
+if ARGV[4] ~= '' then redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), job) end
 redis.call('ZADD', KEYS[3], now, job)
 if ARGV[5] ~= '' then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[5]) - 1) end
 if ARGV[6] ~= '1' then
   redis.call('ZADD', KEYS[5], now, job)
-  return 1
+  return tostring(now)
 end
 for i = 8 + n, #ARGV, 256 do
   redis.call('LPUSH', KEYS[6], unpack(ARGV, i, math.min(i + 255, #ARGV)))
 end
-return 1
+return tostring(now)
 """
 
 # KEYS: job, results, blobs, attempts, webhooks, completion stream, the model's backlog,
 # deadlines.
-# ARGV: status, output json, error json ('' for none), completed_at, ttl seconds, job id, stream
-# maxlen, what else the job has ('*': anything; else letters: b blobs, w webhook deliveries,
+# ARGV: status, output json, error json ('' for none), (unused), ttl seconds, job id, (unused),
+# what else the job has ('*': anything; else letters: b blobs, w webhook deliveries,
 # d a deadline, f a `completed` webhook, k outstanding sub-requests), the final channel, the
 # cancel channel, the cancel notice.
-# Returns 1 when the job became final, 0 if it already was, -1 if gone. In the same step:
+# Returns the time it became final (completed_at), 0 if it already was, -1 if gone. In the same
+# step:
 # - every key of the job gets its TTL;
 # - a `final` stream entry, when the job wants a `completed` webhook, so that it is sent by some
 #   API replica even if the one that finalized dies;
@@ -63,16 +76,18 @@ return 1
 #   the cancel notice that makes workers drop what they still run of it.
 FINALIZE = (
     _FINAL
+    + _NOW
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'total')
 local cur = h[1]
 if not cur then return -1 end
 if is_final(cur) then return 0 end
+local completed = tostring(now_seconds())
 if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', ARGV[4],
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', completed,
              'error', ARGV[3])
 else
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', ARGV[4])
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', completed)
 end
 local all = ARGV[8] == '*'
 local function has(c) return all or string.find(ARGV[8], c, 1, true) ~= nil end
@@ -82,7 +97,7 @@ redis.call('EXPIRE', KEYS[4], ARGV[5])
 if has('b') then redis.call('EXPIRE', KEYS[3], ARGV[5]) end
 if has('w') then redis.call('EXPIRE', KEYS[5], ARGV[5]) end
 if has('f') then
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'job', ARGV[6], 'kind', 'final')
+  redis.call('XADD', KEYS[6], '*', 'job', ARGV[6], 'kind', 'final')
 end
 if has('d') then redis.call('ZREM', KEYS[8], ARGV[6]) end
 if has('k') then
@@ -99,12 +114,12 @@ if has('k') then
 end
 redis.call('PUBLISH', ARGV[9], ARGV[6])
 if ARGV[1] ~= 'succeeded' then redis.call('PUBLISH', ARGV[10], ARGV[11]) end
-return 1
+return completed
 """
 )
 
 # KEYS: job, results, blobs, stream, leases, owners, the model's backlog.
-# ARGV: index, result json, blob ('' for none), job id, ok flag, stream maxlen, lease member,
+# ARGV: index, result json, blob ('' for none), job id, ok flag, (unused), lease member,
 # worker.
 # Writes a sub-result once per (job, index) and announces it on the completion stream in the
 # same step, so a duplicate delivery can neither change the result nor count twice; the job's
@@ -125,61 +140,86 @@ if is_final(st) then return -2 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[3]) end
 redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*',
-  'job', ARGV[4], 'kind', 'result', 'index', ARGV[1], 'ok', ARGV[5])
+redis.call('XADD', KEYS[4], '*', 'job', ARGV[4], 'kind', 'result', 'index', ARGV[1],
+  'ok', ARGV[5])
 return 1
 """
 )
 
 # KEYS: job, results, leases, owners, attempts, completion stream.
-# ARGV: index, lease member, worker, now, lease expiry, max attempts, job id, stream maxlen,
-# the job's events channel, the `running` status event.
+# ARGV: index, lease member, worker, lease seconds, max attempts, job id, (unused), the job's
+# events channel, the `running` status event.
 # The first sub-request to start moves the job to running and publishes its status event; it
 # announces the start on the completion stream only when the job wants a `start` webhook (its
 # `hooks` field names the webhook events it wants; a job stored without one gets the entry).
-# Returns {status, detail}: 'acquired' (attempt number), 'done', 'final', 'gone',
-# 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempt number).
+# A lease costs no attempt: an attempt is charged when the sub-request starts on the device
+# (CHARGE_ATTEMPT), so a worker lost while merely holding it costs it nothing.
+# Returns {status, detail}: 'acquired' (the attempt it becomes if it runs), 'done', 'final',
+# 'gone', 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempts used).
 ACQUIRE_LEASE = (
     _FINAL
+    + _NOW
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'hooks')
 local st = h[1]
 if not st then return {'gone', ''} end
 if is_final(st) then return {'final', st} end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'done', ''} end
+local now = now_seconds()
 -- A live lease means some delivery is running it now (on this worker or another).
 local exp = redis.call('ZSCORE', KEYS[3], ARGV[2])
-if exp and tonumber(exp) > tonumber(ARGV[4]) then
+if exp and tonumber(exp) > now then
   return {'busy', redis.call('HGET', KEYS[4], ARGV[2]) or ''}
 end
-local n = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
-if n > tonumber(ARGV[6]) then return {'exhausted', tostring(n)} end
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
+local n = tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0')
+if n >= tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
 if st == 'queued' then
   -- started_at is set with the first move out of queued, and no script moves a job back.
-  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[4])
-  redis.call('PUBLISH', ARGV[9], ARGV[10])
+  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', tostring(now))
+  redis.call('PUBLISH', ARGV[8], ARGV[9])
   if not h[2] or string.find(h[2], 'start', 1, true) then
-    redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'job', ARGV[7], 'kind', 'started')
+    redis.call('XADD', KEYS[6], '*', 'job', ARGV[6], 'kind', 'started')
   end
 end
-return {'acquired', tostring(n)}
+return {'acquired', tostring(n + 1)}
 """
 )
 
-# KEYS: leases, owners. ARGV: worker, expiry, members...
-# Renews only the leases this worker still owns (the janitor may have taken one away).
-RENEW_LEASES = """
+# KEYS: leases, owners, then the attempts hash of each member's job. ARGV: worker, members...
+# A batch is about to start on the device: each of its sub-requests that this worker still
+# leases is charged one attempt. Only what starts is charged, so when a worker is lost only what
+# it was running pays for it (a poison sub-request that crashes its worker still runs out of
+# attempts). Returns how many were charged.
+CHARGE_ATTEMPTS = """
 local n = 0
-for i = 3, #ARGV do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[1] then
-    redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[i])
+for i = 2, #ARGV do
+  local m = ARGV[i]
+  if redis.call('HGET', KEYS[2], m) == ARGV[1] then
+    redis.call('HINCRBY', KEYS[i + 1], string.match(m, ':(%d+)$'), 1)
     n = n + 1
   end
 end
 return n
 """
+
+# KEYS: leases, owners. ARGV: worker, lease seconds, members...
+# Renews only the leases this worker still owns (the janitor may have taken one away).
+RENEW_LEASES = (
+    _NOW
+    + """
+local expiry = now_seconds() + tonumber(ARGV[2])
+local n = 0
+for i = 3, #ARGV do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[1] then
+    redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+)
 
 # KEYS: leases, owners. ARGV: member, worker.
 RELEASE_LEASE = """
@@ -191,31 +231,82 @@ end
 return 0
 """
 
-# KEYS: leases, owners, attempts. ARGV: member, worker, hand-back owner, index.
+# KEYS: leases, owners, attempts. ARGV: member, worker, hand-back owner, index, '1' when it was
+# charged an attempt while this worker held it.
 # A draining worker gives a lease up: expired for every clock and renamed, so its heartbeat can
-# no longer renew it and a new delivery takes it at once; the attempt it used is given back (a
-# drain is not a lost worker). Returns 1 when this worker held the lease, else 0.
+# no longer renew it and a new delivery takes it at once; the attempt it was charged is given
+# back (a drain is not a lost worker). Returns 1 when this worker held the lease, else 0.
 HAND_BACK_LEASE = """
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('ZADD', KEYS[1], 0, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-if tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0') > 0 then
+if ARGV[5] == '1' and tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0') > 0 then
   redis.call('HINCRBY', KEYS[3], ARGV[4], -1)
 end
 return 1
 """
 
-# KEYS: leases, owners. ARGV: now, limit.
+# KEYS: leases, owners. ARGV: limit.
 # Takes expired leases away atomically, so exactly one janitor (of several API replicas)
-# handles each.
-CLAIM_EXPIRED = """
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+# handles each. Should that janitor die before it sends one again, the sub-request is left with
+# no lease and no message, which is what the lost-work sweep (CLAIM_LOST) finds.
+CLAIM_EXPIRED = (
+    _NOW
+    + """
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_seconds(), 'LIMIT', 0, ARGV[1])
 for _, m in ipairs(members) do
   redis.call('ZREM', KEYS[1], m)
   redis.call('HDEL', KEYS[2], m)
 end
 return members
 """
+)
+
+# KEYS: a model's backlog. ARGV: members...
+# The janitor is about to send these sub-requests again: they count as sent now.
+MARK_SENT = (
+    _NOW
+    + """
+local now = now_seconds()
+local n = 0
+for i = 1, #ARGV do
+  n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', now, ARGV[i])
+end
+return n
+"""
+)
+
+# KEYS: a model's backlog, leases. ARGV: member, the backlog score the caller read.
+# A sub-request the lost-work sweep found outstanding, unleased, and in no queue: taken for
+# sending again by exactly one caller, only if nobody sent it again (its score) or leased it
+# since the caller looked. It counts as sent now. Returns 1 when taken, else 0.
+CLAIM_LOST = (
+    _NOW
+    + """
+local sent = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not sent or tonumber(sent) ~= tonumber(ARGV[2]) then return 0 end
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], 'XX', now_seconds(), ARGV[1])
+return 1
+"""
+)
+
+# KEYS: a zset of ids scored with a time. ARGV: age, retry seconds, limit.
+# The ids whose score is at least `age` seconds past, each pushed `retry` seconds later in the
+# same step: one caller (of several API replicas) takes each now, and an id its caller never
+# finished with (it died, or the work failed) is due again after `retry`. The work itself
+# removes the id when done (FINALIZE for deadlines, `mark_dispatched` for dispatches).
+CLAIM_DUE = (
+    _NOW
+    + """
+local cutoff = now_seconds() - tonumber(ARGV[1])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, ARGV[3])
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[1], 'XX', cutoff + tonumber(ARGV[2]), id)
+end
+return ids
+"""
+)
 
 # Webhook outbox (services/api/webhooks/outbox.py) -------------------------------------------
 

@@ -124,6 +124,9 @@ class SubRequest(Message):
     index: int
     model: str
     item: Item
+    # Runs in a batch of its own: it was on the device when a worker was lost, and may be what
+    # killed it (the janitor sets it when it sends such a sub-request again).
+    isolated: bool = False
 
     @property
     def member(self) -> str:

@@ -10,6 +10,7 @@ trip and the thread it needs, and a job can no longer be stored without its sub-
 
 import asyncio
 import base64
+import json
 import os
 import socket
 import uuid
@@ -96,3 +97,14 @@ class TaskMessages:
             "headers": headers,
             "properties": properties,
         }).encode()
+
+
+def message_member(raw: bytes) -> str | None:
+    """The sub-request (`job:index`) a queued message carries, or None for a message that is
+    not one of ours."""
+    try:
+        body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+        sub = body[0][0]
+        return f"{sub['job_id']}:{sub['index']}"
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None

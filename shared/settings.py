@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(3.0, gt=0)
     janitor_interval_seconds: float = Field(2.0, gt=0)
     max_attempts: int = Field(3, ge=1)
+    # An outstanding sub-request that no worker leases and no queue holds is sent again after
+    # this long (services/api/orphans.py); unset, two lease periods.
+    lost_subrequest_seconds: float | None = Field(None, gt=0)
 
     # Joiner (Redis Streams consumer group on the completion stream)
     joiner_claim_idle_seconds: float = Field(30.0, gt=0)
@@ -90,6 +93,10 @@ class Settings(BaseSettings):
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
         return self
+
+    @property
+    def lost_after_seconds(self) -> float:
+        return self.lost_subrequest_seconds or 2 * self.lease_seconds
 
     @property
     def api_key_list(self) -> list[str]:

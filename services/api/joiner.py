@@ -3,6 +3,11 @@
 Any API replica may take any completion; entries left pending by a replica that died are
 claimed by another after `joiner_claim_idle_seconds` (XAUTOCLAIM). Handling an entry twice is
 harmless: a job becomes final only once.
+
+The stream is trimmed here, not where entries are added: every `TRIM_INTERVAL_SECONDS` up to the
+oldest entry some consumer has read but not acknowledged, or, when none is pending, the last one
+delivered. A length cap at XADD would drop entries nobody has read yet when the joiners fall
+behind, and their jobs would never finish.
 """
 
 import asyncio
@@ -20,6 +25,8 @@ from shared.messages import CompletionEntry, CompletionKind
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
+
+TRIM_INTERVAL_SECONDS = 10.0
 
 
 class Joiner:
@@ -45,7 +52,7 @@ class Joiner:
     async def run(self) -> None:
         await self.ensure_group()
         await self._handle_batch(await self._own_pending())
-        last_claim = 0.0
+        last_claim = last_trim = 0.0
         acks: list = []  # handled, acknowledged with the next read
         while True:
             raise_if_cancelled()
@@ -53,6 +60,9 @@ class Joiner:
                 if time.monotonic() - last_claim > self.settings.joiner_claim_idle_seconds / 2:
                     last_claim = time.monotonic()
                     await self.reclaim()
+                if time.monotonic() - last_trim > TRIM_INTERVAL_SECONDS:
+                    last_trim = time.monotonic()
+                    await self.trim()
                 resp = await self._read(acks)
                 acks = []
                 for _stream, entries in resp or []:
@@ -109,6 +119,22 @@ class Joiner:
             if start in (b"0-0", "0-0"):
                 return claimed
 
+    async def trim(self) -> int:
+        """Drop the entries every consumer group is done with; returns how many went.
+
+        Entries are only added at the end, and an entry is pending only after it was delivered,
+        so whatever is older than both the oldest pending entry and the last delivered one is
+        done with, also when read and acknowledged between these reads and the XTRIM."""
+        keep = []
+        for group in await self.redis.xinfo_groups(names.COMPLETIONS_STREAM):
+            pending = await self.redis.xpending(names.COMPLETIONS_STREAM, group["name"])
+            keep.append(pending["min"] if pending["pending"] else group["last-delivered-id"])
+        if not keep:
+            return 0  # nobody reads it yet: everything in it is unread
+        oldest = min(keep, key=_stream_id)
+        return await self.redis.xtrim(names.COMPLETIONS_STREAM, minid=oldest,
+                                      approximate=False)
+
     async def _handle_batch(self, entries: list, ack: bool = True) -> list:
         """Handle entries; returns the ids handled, acknowledged here unless `ack` is False
         (then the caller acknowledges them; an entry handled again after a crash before that
@@ -137,3 +163,8 @@ class Joiner:
             await self.lifecycle.finalized(entry.job)
         else:
             await self.lifecycle.settle(entry.job)
+
+
+def _stream_id(entry_id: bytes | str) -> tuple[int, int]:
+    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
+    return int(ms), int(seq or 0)

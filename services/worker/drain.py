@@ -9,10 +9,10 @@ import time
 from celery import Celery
 
 from services.worker.exits import ExitReason, exit_worker
-from services.worker.flights import Flights
+from services.worker.flights import Flights, InFlight
 from shared.errors import JobNotFound
 from shared.jobstore import JobStore
-from shared.messages import StopReason, SubRequest
+from shared.messages import StopReason
 from shared.sending import send_subrequests
 from shared.settings import Settings
 
@@ -54,21 +54,23 @@ class Drainer:
         for flight in stuck:
             self.flights.remove(flight.sub.member)  # no more renewals
             try:
-                await self.expire_lease(flight.sub)
+                await self.expire_lease(flight)
             except Exception:  # Redis away: the lease simply expires
                 log.exception("could not expire the lease of %s", flight.sub.member)
         log.critical("%d sub-request(s) did not stop within %.0fs of the drain deadline; the "
                      "janitor re-sends them", len(stuck), DRAIN_STOP_GRACE_SECONDS)
         exit_worker(ExitReason.STOP_IGNORED_IN_DRAIN)
 
-    async def expire_lease(self, sub: SubRequest) -> bool:
-        """Give up the lease so any delivery (or the janitor) can take it at once."""
-        return await self.store.hand_back_lease(sub, self.worker_id,
-                                                handback_owner(self.worker_id))
+    async def expire_lease(self, flight: InFlight) -> bool:
+        """Give up the lease so any delivery (or the janitor) can take it at once, and the
+        attempt it was charged if it started."""
+        return await self.store.hand_back_lease(flight.sub, self.worker_id,
+                                                handback_owner(self.worker_id), flight.charged)
 
-    async def hand_back(self, sub: SubRequest) -> str:
+    async def hand_back(self, flight: InFlight) -> str:
         """Give a stopped sub-request back to its queue. Returns what happened to it."""
-        if not await self.expire_lease(sub):
+        sub = flight.sub
+        if not await self.expire_lease(flight):
             return "lost_lease"  # the janitor took it already and re-sends it
         try:
             rec = await self.store.get(sub.job_id)
@@ -76,6 +78,7 @@ class Drainer:
             rec = None
         if rec is not None and not rec.final:
             try:
+                await self.store.mark_sent(sub.model, [sub.member])
                 await send_subrequests(self.celery, [sub], rec.meta.priority)
             except Exception:
                 log.exception("could not send %s back to its queue; the janitor will",

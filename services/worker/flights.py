@@ -19,6 +19,7 @@ class InFlight:
         self.stop = threading.Event()  # read by the pipeline on the device thread
         self.stop_reason: StopReason | None = None
         self.steps = 0  # step boundaries passed so far
+        self.charged = False  # an attempt was charged: it started on the device
         self.stop_requested_at_step: int | None = None
         self.on_stop: Callable[[], None] | None = None  # e.g. withdraw it from a queue
 
@@ -45,6 +46,9 @@ class Flights:
         flight = self._by_member.pop(member, None)
         metrics.IN_FLIGHT.set(len(self._by_member))
         return flight
+
+    def get(self, member: str) -> InFlight | None:
+        return self._by_member.get(member)
 
     def __len__(self) -> int:
         return len(self._by_member)

@@ -81,6 +81,14 @@ class Handler:
             if not stored:  # STORE_RESULT releases the lease it stores under
                 await self.store.release_lease(sub.member, self.worker_id)
 
+    async def started(self, members: list[str]) -> None:
+        """The engine's `on_start`: these sub-requests start on the device now."""
+        await self.store.charge_attempts(members, self.worker_id)
+        for member in members:
+            flight = self.flights.get(member)
+            if flight is not None:
+                flight.charged = True
+
     async def _not_run(self, sub: SubRequest, grant: LeaseGrant) -> Outcome:
         """done, final, gone or busy: another delivery already covers this sub-request;
         exhausted: this one is given up."""
@@ -97,7 +105,8 @@ class Handler:
         t0 = time.perf_counter()
         try:
             result.output, blob = _generated(
-                await arrival.submit(sub.item, self.progress.hook(flight)))
+                await arrival.submit(sub.item, self.progress.hook(flight), tag=sub.member,
+                                     isolate=sub.isolated))
             outcome = Outcome.SUCCEEDED
         except PipelineStopped:
             outcome = await self._stopped(flight)
@@ -125,7 +134,7 @@ class Handler:
         if flight.stop_reason == StopReason.DRAIN:
             # Back to the queue for another worker, its attempt given back. The lease release
             # that follows is a no-op: the hand-back renamed its owner.
-            how = await self.drainer.hand_back(flight.sub)
+            how = await self.drainer.hand_back(flight)
             log.info("handed %s back (%s)", flight.sub.member, how)
             return Outcome.HANDED_BACK
         return Outcome.TIME_LIMIT

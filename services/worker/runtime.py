@@ -88,7 +88,8 @@ class WorkerRuntime:
             t0 = time.perf_counter()
             pipeline = build_pipeline(spec, self.device)
             pipeline.setup()
-            self.engines[name] = Engine(pipeline, batching=self.settings.batching)
+            self.engines[name] = Engine(pipeline, batching=self.settings.batching,
+                                        on_start=self.handler.started)
             seconds = time.perf_counter() - t0
             metrics.MODEL_LOAD_SECONDS.labels(name).set(seconds)
             log.info("loaded %s (%s) on %s in %.2fs", name, spec.kind, self.device, seconds)

@@ -177,3 +177,41 @@ async def test_a_batch_is_acknowledged_with_the_next_read(store, aredis, setting
     stats = await aredis.info("commandstats")
     # Never more acknowledgements than reads: each rides along with the read after its batch.
     assert 1 <= stats["cmdstat_xack"]["calls"] <= stats["cmdstat_xreadgroup"]["calls"]
+
+
+async def test_the_stream_keeps_every_entry_not_yet_joined(store, aredis, settings, lifecycle):
+    """Joiners that fall far behind lose nothing: 3,000 completions pile up unread while a
+    length cap of 1,000 would have dropped most of them; trimming drops only what was joined."""
+    from shared import lua
+
+    assert "MAXLEN" not in lua.STORE_RESULT + lua.FINALIZE + lua.ACQUIRE_LEASE
+    joiner = Joiner(aredis, lifecycle, settings, "api-1")
+    await joiner.ensure_group()
+    jobs = 1500
+    for i in range(jobs):
+        await store.create(f"j{i}", "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]}, 2)
+    for i in range(jobs):
+        for index in (0, 1):
+            await store.store_result(f"j{i}", SubResult(
+                index=index, output={"text": "t", "finish_reason": "length", "tokens": 1}))
+    assert await aredis.xlen(names.COMPLETIONS_STREAM) == 2 * jobs
+    assert await joiner.trim() == 0  # nothing read yet: nothing goes
+    resp = await aredis.xreadgroup(names.JOINER_GROUP, "api-1", {names.COMPLETIONS_STREAM: ">"},
+                                   count=1000)
+    entries = resp[0][1]
+    await joiner._handle_batch(entries[:600])  # 400 more read but not yet acknowledged
+    assert await joiner.trim() == 600
+    await joiner._handle_batch(entries[600:])
+    while await _read_more(joiner):
+        pass
+    assert await joiner.trim() == 2 * jobs - 601  # the last one delivered stays, as a marker
+    finished = [await store.get(f"j{i}") for i in range(jobs)]
+    assert all(rec.status == "succeeded" for rec in finished)
+
+
+async def _read_more(joiner: Joiner) -> int:
+    resp = await joiner.redis.xreadgroup(
+        names.JOINER_GROUP, joiner.consumer, {names.COMPLETIONS_STREAM: ">"}, count=1000)
+    entries = [e for _s, batch in resp or [] for e in batch]
+    await joiner._handle_batch(entries)
+    return len(entries)

@@ -233,6 +233,7 @@ async def test_dead_lettered_sub_request_leaves_the_backlog(store, lifecycle, di
     sub = _sub("j1", 0)
     for _ in range(settings.max_attempts):
         await store.acquire_lease(sub, "w", lease_seconds=-1, max_attempts=settings.max_attempts)
+        await store.charge_attempts([sub.member], "w")
         await store.claim_expired_leases()
     await store.acquire_lease(sub, "w", lease_seconds=-1, max_attempts=settings.max_attempts + 1)
     assert await Janitor(store, dispatcher, lifecycle, settings).sweep() == 1

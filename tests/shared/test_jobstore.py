@@ -1,6 +1,7 @@
 """The job store on a real Redis: atomic transitions, write-once results, leases."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -118,10 +119,40 @@ async def test_expired_lease_is_claimed_once_and_counts_attempts(store):
     for attempt in (1, 2, 3):
         grant = await store.acquire_lease(sub, f"w{attempt}", lease_seconds=-1, max_attempts=3)
         assert (grant.outcome, grant.attempt) == ("acquired", attempt)
+        assert await store.charge_attempts([sub.member], f"w{attempt}") == 1  # it started
         claims = await asyncio.gather(*[store.claim_expired_leases() for _ in range(5)])
         assert sum(len(c) for c in claims) == 1
     assert await store.attempts("j1", 0) == 3
     assert (await store.acquire_lease(sub, "w4", 30, 3)).outcome == "exhausted"
+
+
+async def test_a_lease_lost_before_its_sub_request_started_costs_no_attempt(store):
+    await _job(store)
+    sub = _sub()
+    for attempt in range(5):  # five workers lost while only holding it
+        grant = await store.acquire_lease(sub, f"w{attempt}", lease_seconds=-1, max_attempts=3)
+        assert grant.outcome == "acquired"
+        assert await store.claim_expired_leases() == [("j1", 0)]
+    assert await store.attempts("j1", 0) == 0
+    # Only the worker holding the lease charges it.
+    await store.acquire_lease(sub, "w9", lease_seconds=30, max_attempts=3)
+    assert await store.charge_attempts([sub.member], "someone-else") == 0
+    assert await store.charge_attempts([sub.member], "w9") == 1
+    assert await store.attempts("j1", 0) == 1
+
+
+async def test_leases_run_on_the_redis_servers_clock(store, monkeypatch):
+    """A worker whose clock is an hour slow still holds a live lease: expiry is decided with
+    the Redis server's time, never a caller's."""
+    await _job(store)
+    sub = _sub()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    assert (await store.acquire_lease(sub, "w1", lease_seconds=30, max_attempts=3)).outcome \
+        == "acquired"
+    assert await store.renew_leases([sub.member], "w1", 30) == 1
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)  # the janitor's runs fast
+    assert await store.claim_expired_leases() == []
 
 
 async def test_lease_refused_for_final_job(store):
@@ -135,6 +166,10 @@ async def test_stale_dispatch_is_claimed(store):
     await _job(store)
     assert await store.claim_stale_dispatches(older_than=3600) == []
     assert await store.claim_stale_dispatches(older_than=-1) == ["j1"]
+    # Taken by one caller; listed until it is marked dispatched, due again only later.
+    assert await store.claim_stale_dispatches(older_than=-1) == []
+    assert await store.redis.zscore(names.DISPATCHING, "j1") is not None
+    await store.mark_dispatched("j1")
     await _job(store, "j2")
     await store.mark_dispatched("j2")
     assert await store.claim_stale_dispatches(older_than=-1) == []
@@ -231,6 +266,7 @@ async def test_finalize_announces_the_job_and_returns_it_as_stored(store, aredis
     await pubsub.subscribe(names.FINAL_CHANNEL, names.CANCEL_CHANNEL)
     await _job(store, total=1)
     await store.acquire_lease(_sub(), "w1", 30, 3)
+    await store.charge_attempts([_sub().member], "w1")
     await store.store_result("j1", SubResult(index=0, output=_text("x"), worker="w1"))
     rec, _results = await store.get_with_results("j1")
     output = [{"text": "x"}]

@@ -97,7 +97,10 @@ def test_taken_after_the_deadline_goes_straight_back(runtime, redis_url):
 def test_a_lease_the_janitor_took_is_not_sent_again(runtime, redis_url):
     sub = _sub()
     runtime.call(runtime.store.acquire_lease(sub, "someone-else", 10, 3))
-    assert runtime.call(runtime.drainer.hand_back(sub)) == "lost_lease"
+    runtime.call(runtime.store.charge_attempts([sub.member], "someone-else"))
+    flight = InFlight(sub, deadline=time.time() + 60)
+    flight.charged = True
+    assert runtime.call(runtime.drainer.hand_back(flight)) == "lost_lease"
     assert queued(redis_url, "tiny-gpt2") == 0
     assert runtime.call(runtime.store.attempts(JOB, 0)) == 1  # not ours to give back
 

@@ -55,6 +55,8 @@ def test_runs_once_and_skips_a_duplicate(runtime, job):
     assert runtime.handle(_sub()) == "done"
     assert _results(runtime)[0] == first
     assert len(runtime.flights) == 0
+    # Charged once, as it started on the device; the duplicate never started.
+    assert runtime.call(runtime.store.attempts("j1", 0)) == 1
 
 
 def test_concurrent_deliveries_run_the_model_once(runtime, job):
@@ -94,8 +96,9 @@ def test_time_limit_stops_a_long_run(runtime, job):
 def test_exhausted_attempts_are_dead_lettered(runtime, job):
     job()
     store: JobStore = runtime.store
-    for _ in range(2):  # two earlier attempts that each lost their worker
+    for _ in range(2):  # two earlier attempts that each lost their worker while running it
         runtime.call(store.acquire_lease(_sub(), "dead", lease_seconds=-1, max_attempts=2))
+        runtime.call(store.charge_attempts([_sub().member], "dead"))
         runtime.call(store.claim_expired_leases())
     assert runtime.handle(_sub()) == "exhausted"
     assert _results(runtime)[0].error.code == "dead_lettered"

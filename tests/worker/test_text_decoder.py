@@ -378,3 +378,42 @@ def test_one_poison_row_fails_alone_and_the_rows_beside_it_succeed(
     assert isinstance(results[2], OverflowError)
     assert [*results[:2], *results[3:]] == reference
     assert not pipeline.decoder.running and not pipeline.decoder.waiting
+
+
+def test_an_isolated_row_decodes_with_nothing_beside_it(pipeline: CausalLMTextPipeline,
+                                                        loop: Loop):
+    """A sub-request that was on the device when a worker was lost runs alone: rows that
+    arrive while it decodes wait, and what starts is announced (charged) before it starts."""
+    isolated = TextItem(prompt=PROMPTS[0], max_new_tokens=30)
+    others = [TextItem(prompt=p, max_new_tokens=4) for p in PROMPTS[1:4]]
+    reference = alone(pipeline, [isolated, *others])
+    decoder = pipeline.decoder
+    shared_iterations, started = [], []
+    original = decoder._iterate
+
+    def iterate(admit):
+        rows = [r.waiting.tag for r in decoder.running] + [w.tag for w in admit]
+        if "iso" in rows and len(rows) > 1:
+            shared_iterations.append(rows)
+        return original(admit)
+
+    async def on_start(tags):
+        started.append(list(tags))
+
+    decoder._iterate = iterate
+    engine = Engine(pipeline, on_start=on_start)
+
+    async def scenario():
+        first = asyncio.ensure_future(engine.submit(isolated, tag="iso", isolate=True))
+        while not decoder.running:
+            await asyncio.sleep(0.001)
+        rest = await asyncio.gather(*(engine.submit(o, tag=f"o{i}")
+                                      for i, o in enumerate(others)))
+        return [await first, *rest]
+
+    try:
+        assert loop.run(scenario()) == reference
+    finally:
+        del decoder._iterate
+    assert shared_iterations == []
+    assert started[0] == ["iso"] and sorted(sum(started[1:], [])) == ["o0", "o1", "o2"]

@@ -9,7 +9,9 @@ batch is running, and then at once when nothing else is on its way to the batche
 sub-requests this worker has taken from the queue but not yet submitted), else after at most
 `max_wait` from its oldest item's arrival. So an idle engine never waits when nothing else is
 queued, a busy one lets the next batch fill up while the device works, and a burst is caught
-whole. Everything here runs on the event loop.
+whole. An isolated item (its sub-request was on the device when a worker was lost) runs as a
+batch of one with nothing beside it in the pipeline, so that if it kills its worker again it is
+the only one to blame. Everything here runs on the event loop.
 """
 
 import asyncio
@@ -33,6 +35,9 @@ class Pending:
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
     withdrawn: Callable[[], bool] | None = None  # checked while queued; never counts a step
+    tag: str | None = None  # the sub-request it is (engine/start.py)
+    isolate: bool = False  # runs alone, with nothing else in the pipeline beside it
+    charged: bool = False
 
     @property
     def gone(self) -> bool:
@@ -53,14 +58,19 @@ class Batcher:
         self.max_running = max_running
         self.pending: deque[Pending] = deque()
         self.running = 0
+        self.isolated_running = False
         self.expected = 0
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
 
     def submit(self, item: Any, key: Hashable, should_stop=None,
-               withdrawn: Callable[[], bool] | None = None) -> asyncio.Future:
+               withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
+               isolate: bool = False) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append(Pending(item, key, should_stop, future, withdrawn=withdrawn))
+        if isolate:
+            key = ("isolated", object())  # a group of its own
+        self.pending.append(Pending(item, key, should_stop, future, withdrawn=withdrawn,
+                                    tag=tag, isolate=isolate))
         self.pump()
         return future
 
@@ -86,10 +96,12 @@ class Batcher:
             self._timer.cancel()
             self._timer = None
         self._withdraw()
-        while self.running < self.max_running and self.pending:
+        while self.running < self.max_running and self.pending and not self.isolated_running:
             group = self._next_group()
+            if group[0].isolate and self.running:
+                return  # alone on the device: pumped again when the running batch ends
             wait = group[0].arrived + self.max_wait_s - time.monotonic()
-            if len(group) < self.max_batch:
+            if len(group) < self.max_batch and not group[0].isolate:
                 if self.running:
                     return  # grows while the device works; pumped again when a batch ends
                 if self.expected > 0 and wait > 0:
@@ -98,6 +110,7 @@ class Batcher:
             for p in group:
                 self.pending.remove(p)
             self.running += 1
+            self.isolated_running = group[0].isolate
             task = asyncio.ensure_future(self._run(group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -114,4 +127,6 @@ class Batcher:
             log.exception("batch runner failed")
         finally:
             self.running -= 1
+            if group[0].isolate:
+                self.isolated_running = False
             self.pump()

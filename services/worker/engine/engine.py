@@ -15,6 +15,7 @@ from services.worker import metrics
 from services.worker.engine.batch import Batch, ShouldStop
 from services.worker.engine.batcher import Batcher, Pending
 from services.worker.engine.settle import settle
+from services.worker.engine.start import OnStart, announce_start
 from services.worker.pipelines.base import GraphPipeline, ImageResult, Pipeline, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text_decoder import Decoder
@@ -31,15 +32,20 @@ class Arrival:
         self.submitted = False
 
     async def submit(self, item, should_stop: ShouldStop | None = None,
-                     withdrawn: Callable[[], bool] | None = None):
+                     withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
+                     isolate: bool = False):
         self.submitted = True
         self.engine.intake.expected -= 1
-        return await self.engine.submit(item, should_stop, withdrawn)
+        return await self.engine.submit(item, should_stop, withdrawn, tag, isolate)
 
 
 class Engine:
-    def __init__(self, pipeline: Pipeline, batching: bool = True) -> None:
+    def __init__(self, pipeline: Pipeline, batching: bool = True,
+                 on_start: OnStart | None = None) -> None:
+        """`on_start` hears the tags of the items about to start on the device, before they
+        start (engine/start.py)."""
         self.pipeline = pipeline
+        self.on_start = on_start
         spec = pipeline.spec
         self.model = spec.name
         max_batch = spec.max_batch if batching else 1
@@ -51,6 +57,7 @@ class Engine:
             # Text decodes continuously: its decoder admits items between steps.
             self.decoder: Decoder = pipeline.decoder
             self.decoder.slots = min(self.decoder.slots, max_batch)
+            self.decoder.on_start = on_start
             self.intake = self.decoder
 
     @contextmanager
@@ -67,14 +74,16 @@ class Engine:
 
     async def submit(
         self, item: TextItem | ImageItem, should_stop: ShouldStop | None = None,
-        withdrawn: Callable[[], bool] | None = None,
+        withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
+        isolate: bool = False,
     ) -> TextResult | ImageResult:
         """The item's result. `should_stop` is its stop hook between steps; `withdrawn` says,
-        without counting a step, that it was stopped while still queued."""
+        without counting a step, that it was stopped while still queued; `tag` names it to
+        `on_start`; an `isolate`d item runs alone."""
         if isinstance(self.intake, Decoder):
-            return await self.intake.submit(item, should_stop, withdrawn)
+            return await self.intake.submit(item, should_stop, withdrawn, tag, isolate)
         key = self.pipeline.batch_key(item)
-        return await self.batcher.submit(item, key, should_stop, withdrawn)
+        return await self.batcher.submit(item, key, should_stop, withdrawn, tag, isolate)
 
     def poke(self) -> None:
         """Something queued may have been withdrawn: let it go now."""
@@ -112,6 +121,7 @@ class Engine:
         batch = Batch(
             [p.item for p in group], [p.should_stop for p in group], on_stop=stopped
         )
+        await announce_start(self.on_start, group)
         results = await self.pipeline.run_async(batch)
         for p, result in zip(group, results, strict=True):
             settle(p.future, result, None)

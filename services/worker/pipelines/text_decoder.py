@@ -30,6 +30,7 @@ import torch
 from services.worker import metrics
 from services.worker.engine import sync
 from services.worker.engine.settle import settle
+from services.worker.engine.start import OnStart, announce_start
 from services.worker.pipelines.base import TextResult
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text_rows import Row, Sequence
@@ -56,7 +57,10 @@ class Waiting:
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.monotonic)
     withdrawn: Callable[[], bool] | None = None  # checked while waiting; never counts a step
-    isolate: bool = False  # in an iteration that failed: runs alone next, to see if it fails
+    # Runs alone: it was in an iteration that failed, or on the device when a worker was lost.
+    isolate: bool = False
+    tag: str | None = None  # the sub-request it is (engine/start.py)
+    charged: bool = False
 
     @property
     def gone(self) -> bool:
@@ -107,16 +111,19 @@ class Decoder:
         self.running: list[Running] = []
         self.expected = 0  # sub-requests on their way (taken from the queue, not yet here)
         self.rounds = 0  # stop-hook rounds so far (one per prefill or decode step)
+        self.on_start: OnStart | None = None
         self._task: asyncio.Task | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     # Event loop side -----------------------------------------------------------------------
 
     def submit(self, item: TextItem, should_stop: ShouldStop | None = None,
-               withdrawn: Callable[[], bool] | None = None) -> asyncio.Future:
+               withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
+               isolate: bool = False) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.waiting.append(Waiting(item, should_stop, future, loop, withdrawn=withdrawn))
+        self.waiting.append(Waiting(item, should_stop, future, loop, withdrawn=withdrawn,
+                                    isolate=isolate, tag=tag))
         self.pump()
         return future
 
@@ -141,6 +148,7 @@ class Decoder:
             if not self.running and not await self._burst_gathered():
                 continue
             admit = self._admissible()
+            await announce_start(self.on_start, admit)
             try:
                 settles = await loop.run_in_executor(self.p.device_executor, self._iterate,
                                                      admit)
@@ -166,6 +174,8 @@ class Decoder:
     def _admissible(self) -> list[Waiting]:
         """Waiting items for the free slots, in order; an isolated one only alone."""
         admit: list[Waiting] = []
+        if any(r.waiting.isolate for r in self.running):
+            return admit
         while self.waiting and len(self.running) + len(admit) < self.slots:
             if self.waiting[0].isolate:
                 if not self.running and not admit:

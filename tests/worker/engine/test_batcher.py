@@ -191,3 +191,31 @@ def test_a_withdrawn_item_leaves_the_queue_at_once():
     assert waited < 0.1  # not after the running batch
     assert (first, other) == (0, 20)
     assert rec.batches == [[0], [2]]
+
+
+def test_an_isolated_item_runs_alone_with_nothing_beside_it():
+    """A sub-request that was on the device when a worker was lost: a batch of one, started only
+    once no other batch runs, and nothing starts beside it."""
+    spans = []
+
+    async def run(group):
+        t0 = time.monotonic()
+        await asyncio.sleep(0.05)
+        spans.append(([p.item for p in group], t0, time.monotonic()))
+        for p in group:
+            p.future.set_result(p.item)
+
+    async def main():
+        b = Batcher(run, max_batch=4, max_wait_s=0.0, max_running=2)
+        first = [b.submit(i, "k") for i in range(4)]  # a full batch, running
+        isolated = b.submit(9, "k", isolate=True)
+        later = [b.submit(i, "k") for i in range(10, 14)]  # would run beside it
+        return await asyncio.gather(*first, isolated, *later)
+
+    asyncio.run(main())
+    by_items = {tuple(items): (t0, t1) for items, t0, t1 in spans}
+    assert (9,) in by_items
+    t0, t1 = by_items[(9,)]
+    for items, (s0, s1) in by_items.items():
+        if items != (9,):
+            assert s1 <= t0 or s0 >= t1, f"{items} overlapped the isolated item"
