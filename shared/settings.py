@@ -13,6 +13,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FIBERMILL_", extra="ignore")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # How long a Redis command is retried before its caller sees the error (shared/redis_client).
+    redis_retry_seconds: float = Field(20.0, ge=0)
     model_registry: Path = REPO_ROOT / "models" / "registry.yaml"
 
     # Jobs
@@ -68,6 +70,10 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(60, ge=1)
     max_queue_depth: int = Field(10_000, ge=1)  # per model, unless its registry entry says
     max_wait_seconds: int = Field(60, ge=0)  # the most `Prefer: wait=N` may ask for
+    # Live event streams and `Prefer: wait` answers one API replica holds at once, in all and
+    # per API key (services/api/watchers.py).
+    max_watches: int = Field(2000, ge=1)
+    max_watches_per_caller: int = Field(200, ge=1)
     max_deadline_seconds: int = Field(7 * 24 * 3600, ge=1)
 
     # Webhooks

@@ -8,7 +8,6 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from services.api import errors
@@ -25,9 +24,11 @@ from services.api.routes import health, jobs, models, ui
 from services.api.routes import metrics as metrics_route
 from services.api.submission import Submissions
 from services.api.supervisor import Supervised
+from services.api.watchers import Watchers
 from services.api.webhooks.outbox import Outbox
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
+from shared.redis_client import connect
 from shared.registry import load_registry
 from shared.settings import get_settings
 
@@ -35,7 +36,7 @@ from shared.settings import get_settings
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
-    redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    redis = connect(settings, health_check_interval=30)
     store = JobStore(redis, settings.finished_job_ttl_seconds)
     registry = load_registry(settings.model_registry)
     celery = make_celery(settings, name="fibermill-api")
@@ -51,6 +52,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     s.outbox, s.lifecycle = outbox, lifecycle
     s.limiter = RateLimiter(redis, settings)
     s.hub = hub
+    s.watchers = Watchers(settings.max_watches, settings.max_watches_per_caller)
     s.joiner = Joiner(redis, lifecycle, settings, consumer)
     s.janitor = Janitor(store, dispatcher, lifecycle, settings)
     s.loops = [Supervised("joiner", s.joiner.run), Supervised("janitor", s.janitor.run),

@@ -14,8 +14,9 @@ from services.api.dispatch import Dispatcher
 from services.api.events import EventHub
 from services.api.lifecycle import Lifecycle
 from services.api.prefer import PreferWait, prefer_wait
-from services.api.ratelimit import RateLimiter
+from services.api.ratelimit import RateLimiter, bucket_key
 from services.api.submission import Submissions
+from services.api.watchers import Watchers
 from shared.errors import JobNotFound
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry
@@ -82,13 +83,23 @@ async def _job(job_id: str, store: JobStoreDep, principal: PrincipalDep) -> JobR
 JobDep = Annotated[JobRecord, Depends(_job)]
 
 
+async def _watchers(request: Request) -> Watchers:
+    return request.app.state.watchers
+
+
+WatchersDep = Annotated[Watchers, Depends(_watchers)]
+
+
 async def _prefer(
     hub: EventHubDep,
     store: JobStoreDep,
     settings: SettingsDep,
+    watchers: WatchersDep,
+    principal: PrincipalDep,
     prefer: Annotated[str | None, Header()] = None,
 ) -> PreferWait:
-    return PreferWait(prefer_wait(prefer, settings.max_wait_seconds), hub, store)
+    return PreferWait(prefer_wait(prefer, settings.max_wait_seconds), hub, store, watchers,
+                      bucket_key(principal))
 
 
 PreferWaitDep = Annotated[PreferWait, Depends(_prefer)]

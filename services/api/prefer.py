@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from fastapi import Response
 
 from services.api.events import EventHub, wait_final
+from services.api.watchers import Watchers
 from shared.jobstore import JobRecord, JobStore
 
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+)")
@@ -29,12 +30,15 @@ class PreferWait:
     seconds: int | None
     hub: EventHub
     store: JobStore
+    watchers: Watchers
+    caller: str
 
     async def apply(self, rec: JobRecord, response: Response) -> JobRecord:
         """`rec` is the job as just created (or found by its Idempotency-Key)."""
-        if self.seconds is None:
-            return rec
+        if self.seconds is None or self.watchers.refusal(self.caller) is not None:
+            return rec  # past the replica's bound on waits: answered at once, not refused
         response.headers["Preference-Applied"] = f"wait={self.seconds}"
         if rec.final:
             return rec
-        return await wait_final(self.hub, self.store, rec.id, self.seconds, rec)
+        with self.watchers.hold(self.caller, checked=True):
+            return await wait_final(self.hub, self.store, rec.id, self.seconds, rec)

@@ -1,5 +1,7 @@
 """Liveness and readiness."""
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -8,6 +10,10 @@ from shared.settings import get_settings
 from shared.workers import live_workers
 
 router = APIRouter(tags=["health"])
+
+# Commands ride out a Redis outage by retrying (shared/redis_client.py); readiness must not:
+# a probe wants an answer now, and "not ready" is the right one while Redis is away.
+READY_REDIS_SECONDS = 2.0
 
 
 @router.get("/healthz")
@@ -28,10 +34,13 @@ async def readyz(request: Request) -> JSONResponse:
                             status_code=503)
     redis = request.app.state.redis
     try:
-        await redis.ping()
-        workers = await live_workers(redis)
+        async with asyncio.timeout(READY_REDIS_SECONDS):
+            await redis.ping()
+            workers = await live_workers(redis)
     except Exception as exc:  # any failure to reach Redis means not ready
-        return JSONResponse({"status": "unready", "reason": f"redis: {exc}"}, status_code=503)
+        reason = str(exc) or f"no answer within {READY_REDIS_SECONDS:g}s"
+        return JSONResponse({"status": "unready", "reason": f"redis: {reason}"},
+                            status_code=503)
     if not workers and get_settings().ready_requires_workers:
         return JSONResponse({"status": "unready", "reason": "no live worker", "workers": 0},
                             status_code=503)

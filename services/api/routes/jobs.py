@@ -16,9 +16,12 @@ from services.api.deps import (
     RateLimiterDep,
     SettingsDep,
     SubmissionsDep,
+    WatchersDep,
 )
 from services.api.envelope import envelope
 from services.api.events import job_events
+from services.api.ratelimit import bucket_key
+from services.api.watchers import TooManyWatches
 from shared.errors import OutputNotFound
 from shared.job import Job, JobList, JobRequest
 
@@ -74,19 +77,24 @@ async def cancel_job(job: JobDep, lifecycle: LifecycleDep, settings: SettingsDep
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def stream_events(
-    request: Request, job: JobDep, hub: EventHubDep, store: JobStoreDep, settings: SettingsDep
+    request: Request, job: JobDep, hub: EventHubDep, store: JobStoreDep, settings: SettingsDep,
+    watchers: WatchersDep, principal: PrincipalDep,
 ) -> EventSourceResponse:
     state = request.app.state
+    caller = bucket_key(principal)
+    if (why := watchers.refusal(caller)) is not None:
+        raise TooManyWatches(why)
 
     def draining() -> bool:
         # End the stream cleanly at SIGTERM; the client's EventSource reconnects elsewhere.
         return getattr(state, "draining", False)
 
     async def events():
-        async for event, data in job_events(
-            hub, store, job.id, settings.public_url, stop=draining
-        ):
-            yield {"event": event, "data": _json(data)}
+        with watchers.hold(caller, checked=True):
+            async for event, data in job_events(
+                hub, store, job.id, settings.public_url, stop=draining
+            ):
+                yield {"event": event, "data": _json(data)}
 
     return EventSourceResponse(events(), ping=15)
 
