@@ -392,9 +392,12 @@ class JobStore:
             )
         )
 
-    async def claim_expired_leases(self, limit: int = 100) -> list[tuple[str, int]]:
+    async def claim_expired_leases(self, owner: str = "janitor:", hold_seconds: float = 30.0,
+                                   limit: int = 100) -> list[tuple[str, int]]:
+        """Expired leases, each now held by `owner` (a `janitor:` name) for `hold_seconds`
+        while it sends the sub-request again; it gives them up with `release_lease`."""
         members = await self._claim_expired(
-            keys=[names.LEASES, names.LEASE_OWNERS], args=[limit]
+            keys=[names.LEASES, names.LEASE_OWNERS], args=[limit, owner, repr(hold_seconds)]
         )
         out = []
         for m in members:

@@ -166,10 +166,12 @@ if not st then return {'gone', ''} end
 if is_final(st) then return {'final', st} end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'done', ''} end
 local now = now_seconds()
--- A live lease means some delivery is running it now (on this worker or another).
+-- A live lease means some delivery is running it now (on this worker or another); one the
+-- janitor holds while it sends the sub-request again is this delivery's to take.
 local exp = redis.call('ZSCORE', KEYS[3], ARGV[2])
 if exp and tonumber(exp) > now then
-  return {'busy', redis.call('HGET', KEYS[4], ARGV[2]) or ''}
+  local owner = redis.call('HGET', KEYS[4], ARGV[2]) or ''
+  if string.sub(owner, 1, 8) ~= 'janitor:' then return {'busy', owner} end
 end
 local n = tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0')
 if n >= tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
@@ -246,17 +248,19 @@ end
 return 1
 """
 
-# KEYS: leases, owners. ARGV: limit.
-# Takes expired leases away atomically, so exactly one janitor (of several API replicas)
-# handles each. Should that janitor die before it sends one again, the sub-request is left with
-# no lease and no message, which is what the lost-work sweep (CLAIM_LOST) finds.
+# KEYS: leases, owners. ARGV: limit, janitor owner ('janitor:<replica>'), hold seconds.
+# Takes expired leases over atomically, so exactly one janitor (of several API replicas)
+# handles each: the janitor holds the lease while it sends the sub-request again (so the orphan
+# sweep leaves it alone) and gives it up after; a delivery may take a janitor's lease at once
+# (ACQUIRE_LEASE). Should the janitor die first, its lease expires and is taken over again.
 CLAIM_EXPIRED = (
     _NOW
     + """
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_seconds(), 'LIMIT', 0, ARGV[1])
+local now = now_seconds()
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])
 for _, m in ipairs(members) do
-  redis.call('ZREM', KEYS[1], m)
-  redis.call('HDEL', KEYS[2], m)
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), m)
+  redis.call('HSET', KEYS[2], m, ARGV[2])
 end
 return members
 """

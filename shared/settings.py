@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     device: str = ""  # set by the launcher: "cuda" or "cpu"
     device_index: int = 0
     worker_name: str = ""
+    ready_file: str = ""  # set by the launcher: created once this worker's models are loaded
 
     public_url: str = ""  # base for output URLs; empty gives relative URLs
 

@@ -20,6 +20,8 @@ logged and the sweep goes on with the next.
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -48,6 +50,8 @@ class Janitor:
         self.settings = settings
         self.orphans = OrphanFinder(store.redis, settings.lost_after_seconds)
         self._orphans_due = 0.0
+        # The owner of the leases this janitor holds while it sends their sub-requests again.
+        self.owner = f"janitor:{socket.gethostname()}-{os.getpid()}"
 
     async def run(self) -> None:
         while True:
@@ -62,7 +66,8 @@ class Janitor:
 
     async def sweep(self) -> int:
         n = 0
-        for job_id, index in await self.store.claim_expired_leases():
+        held = await self.store.claim_expired_leases(self.owner, self.settings.lease_seconds)
+        for job_id, index in held:
             n += await self._each(self._recover, job_id, index)
         for job_id in await self.store.claim_stale_dispatches(STALE_DISPATCH_SECONDS):
             n += await self._each(self._redispatch, job_id)
@@ -94,6 +99,14 @@ class Janitor:
             return 0
 
     async def _recover(self, job_id: str, index: int) -> int:
+        """Send again (or dead-letter) a sub-request whose lease this janitor took over, then
+        give the lease up; if this fails half-way the lease expires and is taken over again."""
+        try:
+            return await self._recover_held(job_id, index)
+        finally:
+            await self.store.release_lease(f"{job_id}:{index}", self.owner)
+
+    async def _recover_held(self, job_id: str, index: int) -> int:
         rec = await self.store.get(job_id)
         if rec.final or await self.store.has_result(job_id, index):
             return 0

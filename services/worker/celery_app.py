@@ -8,6 +8,7 @@ Celery hands over to the runtime.
 
 import logging
 import time
+from pathlib import Path
 
 from celery import signals
 from celery.exceptions import Reject
@@ -41,6 +42,8 @@ def _load(**_) -> None:
         # load what it serves must exit instead (the launcher or Kubernetes restarts it).
         log.critical("worker failed to load its models", exc_info=True)
         exit_worker(ExitReason.MODELS_FAILED_TO_LOAD)
+    if settings.ready_file:  # the launcher restarts a worker that was ready without a backoff
+        Path(settings.ready_file).touch()
     serve_metrics(settings.worker_metrics_port + settings.device_index)
 
 

@@ -9,12 +9,15 @@ killing a child still there `KILL_MARGIN_SECONDS` after its drain should have en
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.worker.devices import visible_gpus
 from services.worker.drain import DRAIN_STOP_GRACE_SECONDS
@@ -23,6 +26,10 @@ from shared.registry import ModelRegistry, load_registry
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("fibermill.launcher")
+# Restarts of a child that dies before it is ready (its models loaded) back off, so a worker
+# that cannot load does not spin; one that was ready and serving restarts at once (a kill from
+# outside, an OOM under load, a poison sub-request: what it held is recovered by the janitor,
+# and a slot left empty only slows the rest down).
 RESTART_BACKOFF_SECONDS = (1, 2, 5, 10, 30)
 # A child that ran this long was healthy: its next crash starts the backoff over.
 HEALTHY_SECONDS = 60.0
@@ -36,14 +43,26 @@ class Slot:
     device: str  # "cuda" or "cpu"
     visible: str  # the CUDA_VISIBLE_DEVICES value for this child
     proc: subprocess.Popen | None = None
-    restarts: int = 0  # crashes in a row, each after less than HEALTHY_SECONDS of running
+    restarts: int = 0  # crashes in a row, each before ready and within HEALTHY_SECONDS
     started_at: float = 0.0  # time.monotonic()
+    # Created by the child once its models are loaded (FIBERMILL_READY_FILE).
+    ready_file: Path | None = None
+    restart_at: float | None = None  # time.monotonic() when its exited child is started again
+
+    @property
+    def was_ready(self) -> bool:
+        return self.ready_file is not None and self.ready_file.exists()
 
     def restart_delay(self) -> float:
         """The wait before restarting this slot's child, which just exited."""
+        if self.was_ready:
+            self.restarts = 0
+            return 0.0
         if time.monotonic() - self.started_at >= HEALTHY_SECONDS:
             self.restarts = 0
-        return RESTART_BACKOFF_SECONDS[min(self.restarts, len(RESTART_BACKOFF_SECONDS) - 1)]
+        delay = RESTART_BACKOFF_SECONDS[min(self.restarts, len(RESTART_BACKOFF_SECONDS) - 1)]
+        self.restarts += 1
+        return delay
 
 
 def plan(settings: Settings) -> list[Slot]:
@@ -101,9 +120,11 @@ def environment(settings: Settings, slot: Slot, name: str, n_slots: int) -> dict
 
 def start(settings: Settings, slot: Slot, n_slots: int) -> None:
     name = f"{socket.gethostname()}-{slot.device}{slot.index}"
-    slot.proc = subprocess.Popen(
-        command(settings, slot, name), env=environment(settings, slot, name, n_slots)
-    )
+    env = environment(settings, slot, name, n_slots)
+    if slot.ready_file is not None:
+        slot.ready_file.unlink(missing_ok=True)
+        env["FIBERMILL_READY_FILE"] = str(slot.ready_file)
+    slot.proc = subprocess.Popen(command(settings, slot, name), env=env)
     slot.started_at = time.monotonic()
     log.info("started worker %s (pid %d)", name, slot.proc.pid)
 
@@ -126,28 +147,33 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    ready_dir = Path(tempfile.mkdtemp(prefix="fibermill-launcher-"))
     for s in slots:
+        s.ready_file = ready_dir / f"slot-{s.index}.ready"
         start(settings, s, len(slots))
     while not stopping:
-        time.sleep(0.5)
-        for s in slots:
-            if stopping or s.proc.poll() is None:
-                continue
-            delay = s.restart_delay()
-            log.warning(
-                "worker slot %d exited with %s; restarting in %ss",
-                s.index,
-                s.proc.returncode,
-                delay,
-            )
-            time.sleep(delay)
-            s.restarts += 1
-            if not stopping:
-                start(settings, s, len(slots))
+        time.sleep(0.2)
+        supervise(settings, slots)
+    shutil.rmtree(ready_dir, ignore_errors=True)
     # Again, for a child started while the signal arrived (Celery ignores a second SIGTERM).
     stop(signal.SIGTERM, None)
     wait_children(slots, settings.drain_seconds + DRAIN_STOP_GRACE_SECONDS + KILL_MARGIN_SECONDS)
     return 0
+
+
+def supervise(settings: Settings, slots: list[Slot]) -> None:
+    """Schedule the restart of each child that exited, and start those that are due; a slot
+    waiting out its backoff never holds up another's restart."""
+    now = time.monotonic()
+    for s in slots:
+        if s.restart_at is None and s.proc.poll() is not None:
+            delay = s.restart_delay()
+            s.restart_at = now + delay
+            log.warning("worker slot %d exited with %s%s; restarting in %ss", s.index,
+                        s.proc.returncode, "" if s.was_ready else " before it was ready", delay)
+        if s.restart_at is not None and now >= s.restart_at:
+            s.restart_at = None
+            start(settings, s, len(slots))
 
 
 def wait_children(slots: list[Slot], timeout: float) -> None:

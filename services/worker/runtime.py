@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 
-import redis.asyncio as aioredis
 import torch
 from celery import Celery
 
@@ -37,6 +36,7 @@ from services.worker.progress import ProgressPublisher
 from shared.jobstore import JobStore
 from shared.messages import Outcome, SubRequest
 from shared.names import queue_for
+from shared.redis_client import connect
 from shared.registry import ModelRegistry, ModelSpec
 from shared.settings import Settings
 from shared.workers import withdraw
@@ -65,7 +65,7 @@ class WorkerRuntime:
         self._thread = threading.Thread(target=self.loop.run_forever, name="runtime-loop",
                                         daemon=True)
         # Connections are opened on first use, on the runtime loop.
-        self.redis = aioredis.Redis.from_url(settings.redis_url)
+        self.redis = connect(settings)
         self.store = JobStore(self.redis, settings.finished_job_ttl_seconds)
         self.drainer = Drainer(settings, self.id, self.store, self.flights, celery)
         self.handler = Handler(settings, self.id, self.store, self.engines, self.flights,

@@ -208,3 +208,21 @@ async def test_a_deadline_whose_expiry_failed_is_taken_again(store, aredis, disp
     rec = await store.get("d1")
     assert rec.status == "failed" and rec.error.code == "deadline_exceeded"
     assert await aredis.zscore(names.DEADLINES, "d1") is None
+
+
+async def test_a_lease_being_recovered_is_not_also_sent_by_the_orphan_sweep(
+    store, aredis, dispatcher, settings, lifecycle
+):
+    """One replica takes an expired lease over and is about to send it again; another
+    replica's orphan sweep must not send it as well (then its FIFO reasoning would see
+    duplicates as lost work and cascade)."""
+    await _job(store)
+    sub = dispatcher.subrequests(await store.get("j1"))[0]
+    await store.acquire_lease(sub, "dead", lease_seconds=-1, max_attempts=3)
+    await asyncio.sleep(0.4)
+    assert await store.claim_expired_leases("janitor:a", 30) == [("j1", 0)]  # mid-recovery
+    other = Janitor(store, dispatcher, lifecycle, _fast(settings))
+    assert await other.sweep_orphans() == 1  # j1:1 was never leased: lost; j1:0 is held
+    assert [(s.job_id, s.index) for s in await _queued(aredis, "tiny-gpt2")] == [("j1", 1)]
+    # The delivery the recovering janitor sends takes its lease at once.
+    assert (await store.acquire_lease(sub, "w2", 30, 3)).outcome == "acquired"

@@ -77,3 +77,21 @@ def test_a_paused_redis_delays_a_submission_and_stores_it_once(own_redis):
         resp = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "paused"})
         assert resp.status_code == 202, resp.text
     assert len(_jobs(port)) == 1  # the command sent again after a timeout stored nothing twice
+
+
+async def test_a_burst_past_the_pool_waits_for_a_connection(redis_url, monkeypatch):
+    """More commands at once than the pool has connections: they queue for one, none fails
+    with "too many connections" (as they would while a paused Redis holds every connection)."""
+    import asyncio
+
+    from shared import redis_client
+    from shared.settings import Settings
+
+    monkeypatch.setattr(redis_client, "MAX_CONNECTIONS", 4)
+    client = redis_client.connect(Settings(redis_url=redis_url))
+    try:
+        got = await asyncio.gather(*(client.blpop([f"fm:test:nothing:{i}"], timeout=0.2)
+                                     for i in range(12)))
+        assert got == [None] * 12
+    finally:
+        await client.aclose()

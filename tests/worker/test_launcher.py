@@ -81,12 +81,50 @@ def test_restart_backoff_grows_and_resets_after_a_healthy_run(monkeypatch):
     monkeypatch.setattr(launcher.time, "monotonic", lambda: clock["now"])
     slot = launcher.Slot(0, "cpu", "")
     delays = []
-    for _ in range(7):  # crashes right after each start
+    for _ in range(7):  # crashes right after each start, before it was ever ready
         slot.started_at = clock["now"]
         clock["now"] += 1
         delays.append(slot.restart_delay())
-        slot.restarts += 1
     assert delays == [1, 2, 5, 10, 30, 30, 30]
     slot.started_at = clock["now"]
     clock["now"] += launcher.HEALTHY_SECONDS  # then a healthy minute before the next crash
     assert slot.restart_delay() == 1
+
+
+def test_a_child_that_was_ready_restarts_at_once(monkeypatch, tmp_path):
+    """Killed from outside while serving, again and again: no backoff, since it loaded its
+    models each time (the ready file it creates then)."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock["now"])
+    slot = launcher.Slot(0, "cpu", "", ready_file=tmp_path / "slot-0.ready")
+    for _ in range(6):
+        slot.started_at = clock["now"]
+        slot.ready_file.touch()
+        clock["now"] += 5
+        assert slot.restart_delay() == 0
+    slot.ready_file.unlink()  # one that dies before it is ready backs off from the start
+    assert [slot.restart_delay() for _ in range(2)] == [1, 2]
+
+
+def test_one_slot_waiting_out_its_backoff_does_not_hold_up_another(settings, monkeypatch):
+    started: list[int] = []
+
+    class Exited:
+        returncode = 1
+
+        def poll(self):
+            return 1
+
+    def fake_start(_settings, slot, _n):
+        started.append(slot.index)
+        slot.proc = Exited()
+
+    monkeypatch.setattr(launcher, "start", fake_start)
+    slots = [launcher.Slot(0, "cpu", "", proc=Exited()), launcher.Slot(1, "cpu", "",
+                                                                        proc=Exited())]
+    slots[0].restarts = 4  # deep in its backoff: 30 s
+    launcher.supervise(get_settings(), slots)
+    assert started == [] and slots[1].restart_at is not None
+    slots[1].restart_at = 0.0  # slot 1's second is up; slot 0 still waits
+    launcher.supervise(get_settings(), slots)
+    assert started == [1]
