@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps models run test lint bench bench-gpu clean
+.PHONY: install system-deps models run test lint bench bench-gpu chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -50,6 +50,12 @@ clean:
 bench: models
 	$(BIN)/python -m pip install -q -e ".[bench]"
 	$(BIN)/python -m services.devstack.bench
+
+# Fault injection: 1000 jobs over 6 minutes while a worker is killed every 8 s, and API
+# replicas and Redis are killed, restarted and frozen (docs/reliability.md).
+chaos: models
+	$(BIN)/python -m services.devstack.chaos --jobs 1000 --period 360 --steps 8 \
+	  --registry models/registry.yaml --out docs/chaos.md
 
 # On a machine with a CUDA GPU: the image graph against diffusers' own pipeline, sync counts.
 bench-gpu: $(STAMP)
