@@ -17,10 +17,15 @@ The subset, and nothing else (any other field of a kustomization.yaml raises):
   documents name their target by kind and metadata.name. Only maps are merged (recursively;
   a scalar replaces, null deletes the key). A patch containing a list raises, because
   kustomize merges lists by their merge keys, which this renderer does not do.
+- `secretGenerator` with `name` and `envs` (files of `key=value` lines; blank lines and `#`
+  comments skipped), which must come with `generatorOptions.disableNameSuffixHash: true` (no
+  hashed names, so no references to rewrite) and may set `generatorOptions.labels`: an Opaque
+  Secret whose `data` holds each value base64-encoded.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
@@ -28,7 +33,8 @@ from typing import Any
 import yaml
 
 KUSTOMIZATION = "kustomization.yaml"
-SUPPORTED_FIELDS = {"apiVersion", "kind", "namespace", "resources", "images", "patches"}
+SUPPORTED_FIELDS = {"apiVersion", "kind", "namespace", "resources", "images", "patches",
+                    "secretGenerator", "generatorOptions"}
 # Kinds with no namespace (of those a Fibermill deployment could plausibly contain).
 CLUSTER_SCOPED = {
     "Namespace",
@@ -72,6 +78,8 @@ def referenced_files(folder: Path) -> list[Path]:
         target = (folder / entry).resolve()
         files.extend(referenced_files(target) if target.is_dir() else [target])
     files.extend((folder / p["path"]).resolve() for p in data.get("patches") or [])
+    files.extend((folder / env).resolve() for g in data.get("secretGenerator") or []
+                 for env in g.get("envs") or [])
     return files
 
 
@@ -87,6 +95,7 @@ def render(folder: Path) -> list[dict]:
             objects.extend(copy.deepcopy(load_documents(target)))
         else:
             raise KustomizeError(f"{folder / KUSTOMIZATION}: resource {entry} does not exist")
+    objects.extend(_generated_secrets(folder, data))
     _check_unique(objects, folder)
     for patch in data.get("patches") or []:
         _apply_patch_file(objects, folder, patch)
@@ -95,6 +104,40 @@ def render(folder: Path) -> list[dict]:
     if "namespace" in data:
         _set_namespace(objects, data["namespace"])
     return objects
+
+
+def _generated_secrets(folder: Path, data: dict) -> list[dict]:
+    generators = data.get("secretGenerator") or []
+    if not generators:
+        return []
+    options = data.get("generatorOptions") or {}
+    if set(options) - {"disableNameSuffixHash", "labels"} or not options.get(
+            "disableNameSuffixHash"):
+        raise KustomizeError(f"{folder / KUSTOMIZATION}: generatorOptions must set "
+                             "disableNameSuffixHash: true (and may set labels), nothing else")
+    secrets = []
+    for g in generators:
+        if set(g) - {"name", "envs"}:
+            raise KustomizeError(f"{folder / KUSTOMIZATION}: secretGenerator supports name "
+                                 f"and envs only, not {sorted(set(g) - {'name', 'envs'})}")
+        values: dict[str, str] = {}
+        for env in g.get("envs") or []:
+            path = folder / env
+            if not path.is_file():
+                raise KustomizeError(f"{folder / KUSTOMIZATION}: env file {env} does not exist")
+            for line in path.read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    name, _, value = line.partition("=")
+                    values[name.strip()] = value
+        metadata: dict[str, Any] = {"name": g["name"]}
+        if options.get("labels"):
+            metadata["labels"] = dict(options["labels"])
+        secrets.append({
+            "apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()},
+        })
+    return secrets
 
 
 def key(obj: dict) -> tuple[str, str, str, str]:

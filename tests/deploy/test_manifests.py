@@ -2,7 +2,11 @@
 what the processes serve, every FIBERMILL_* variable is a setting, every reference resolves,
 and the operational rules (non-root, GPU per worker, drain time, Redis durability) hold."""
 
+import base64
+import hashlib
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -189,15 +193,26 @@ def test_every_reference_resolves(overlay):
                 )
 
 
-def test_example_secret_is_marked_and_usable(overlay):
+def test_the_secret_is_generated_per_installation_and_usable(overlay, tmp_path):
+    """No secret is committed: the overlay's Secret comes from secrets.env, which git ignores
+    and make-secrets.sh writes with fresh random values (never over an existing file)."""
+    assert "deploy/k8s/overlays/*/secrets.env" in (REPO_ROOT / ".gitignore").read_text()
+    committed = subprocess.run(["git", "ls-files", str(k8s.K8S)], capture_output=True,
+                               text=True, check=True, cwd=k8s.K8S).stdout
+    assert "secrets.env" not in committed and "kind: Secret" not in "".join(
+        p.read_text() for p in k8s.K8S.rglob("*.yaml"))
     secret = k8s.one(overlay, "Secret", "fibermill-secrets")
-    assert any("example" in k for k in secret["metadata"].get("annotations", {}))
-    text = (k8s.OVERLAY / "secrets.example.yaml").read_text()
-    assert "EXAMPLE" in text and "DO NOT USE" in text
-    data = secret["stringData"]
-    # No signing secret in any file: each installation generates its own (kept in Redis).
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    # No signing secret: each installation generates its own (kept in Redis).
     assert "webhook-secret" not in data
-    assert not re.search(r"whsec_[A-Za-z0-9+/=]{16,}", text)
+    shutil.copy(k8s.OVERLAY / "make-secrets.sh", tmp_path)
+    made = [subprocess.run(["sh", str(tmp_path / "make-secrets.sh")], capture_output=True,
+                           text=True, check=True).stdout for _ in range(2)]
+    assert "API key" in made[0] and "leaving it" in made[1]
+    fresh = dict(line.split("=", 1) for line in (tmp_path / "secrets.env").read_text().split())
+    assert fresh["redis-password"] != data["redis-password"]  # random per installation
+    key = made[0].split()[-1]
+    assert fresh["api-keys"] == "sha256:" + hashlib.sha256(key.encode()).hexdigest()
     assert re.fullmatch(r"[A-Za-z0-9]+", data["redis-password"]), "must be URL-safe"
     for entry in data["api-keys"].split(","):
         assert re.fullmatch(r"sha256:[0-9a-f]{64}", entry.strip())
