@@ -42,34 +42,33 @@ class Step:
     note: str = ""
 
 
+def _each_heavy_fault(api: float, api_back: float, redis: float, replica: tuple[float, float],
+                      redis_back: float, pause: float, resume: float) -> list[Step]:
+    """API replica 0 killed and restarted; Redis killed, replica 1 killed and restarted while
+    Redis is down (`replica`), Redis restarted on its AOF; Redis frozen and thawed."""
+    return [
+        Step(api, "kill_api", 0), Step(api_back, "start_api", 0),
+        Step(redis, "kill_redis"),
+        Step(replica[0], "kill_api", 1, "while Redis is down"),
+        Step(replica[1], "start_api", 1, "while Redis is down"),
+        Step(redis_back, "start_redis"),
+        Step(pause, "pause_redis"), Step(resume, "resume_redis"),
+    ]
+
+
 def full(period: float | None = None) -> list[Step]:
     """`make chaos`: a serving worker killed every 8 s for the whole `period` (90 s unless
     submissions are spread over longer; Stack.kill_worker says which), and each heavier fault
     once, apart."""
     period = period or 90.0
     steps = [Step(t, "kill_worker") for t in range(8, int(period), 8)]
-    steps += [
-        Step(20, "kill_api", 0), Step(25, "start_api", 0),
-        Step(40, "kill_redis"),
-        Step(41, "kill_api", 1, "while Redis is down"), Step(41.5, "start_api", 1,
-                                                              "while Redis is down"),
-        Step(43, "start_redis"),
-        Step(60, "pause_redis"), Step(70, "resume_redis"),
-    ]
+    steps += _each_heavy_fault(20, 25, 40, (41, 41.5), 43, 60, 70)
     return sorted(steps, key=lambda s: s.at)
 
 
 def short(_period: float | None = None) -> list[Step]:
     """The test's: one of each fault, in about 25 s."""
-    return [
-        Step(3, "kill_worker"),
-        Step(6, "kill_api", 0), Step(9, "start_api", 0),
-        Step(12, "kill_redis"),
-        Step(12.5, "kill_api", 1, "while Redis is down"), Step(13, "start_api", 1,
-                                                               "while Redis is down"),
-        Step(15, "start_redis"),
-        Step(18, "pause_redis"), Step(23, "resume_redis"),
-    ]
+    return [Step(3, "kill_worker"), *_each_heavy_fault(6, 9, 12, (12.5, 13), 15, 18, 23)]
 
 
 def none(_period: float | None = None) -> list[Step]:
