@@ -1,5 +1,18 @@
 """The one tree of domain errors. The API maps it to HTTP in services/api/errors.py."""
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a request: the field (dotted from the body's root, such as
+    "input.width"), what is wrong with it in words that name the limit, and a short code."""
+
+    field: str
+    message: str
+    code: str = "invalid_input"
+
 
 class FibermillError(Exception):
     """Base of every error Fibermill raises on purpose."""
@@ -14,7 +27,8 @@ class GraphError(FibermillError):
 
 
 class InvalidInput(FibermillError):
-    """A request field is out of bounds or not understood."""
+    """One or more request fields are out of bounds or not understood: every problem a
+    request has is reported at once, not the first one found."""
 
     code = "invalid_input"
 
@@ -22,6 +36,16 @@ class InvalidInput(FibermillError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.problems = [Problem(field, message, self.code)]
+
+    @classmethod
+    def of(cls, problems: Iterable[Problem]) -> "InvalidInput":
+        found = list(problems)
+        first = found[0]
+        exc = cls(first.field, first.message)
+        exc.problems = found
+        exc.args = ("; ".join(f"{p.field}: {p.message}" for p in found),)
+        return exc
 
 
 class UnknownModel(InvalidInput):

@@ -1,114 +1,195 @@
 """Per-task job inputs and outputs (the external contract), with checks against a model's limits."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from shared.class_prompts import resolve_class
 from shared.errors import InvalidInput
 from shared.messages import GeneratedImage, GeneratedText
-from shared.registry import ModelKind, ModelSpec
+from shared.problems import from_validation_error
+from shared.registry import ModelKind, ModelSpec, Task
 
-Prompt = Annotated[str, StringConstraints(min_length=1)]
-Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
-
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1, description=(
+    "Makes the output reproducible: the same seed and input give the same output. Chosen at "
+    "random and stored with the job when absent; prompt i of a job uses seed + i."))]
 
 # Bounds of fields whose values reach the model as numbers: an unbounded one is a way to fail
 # every request batched with it.
 MAX_TOP_K = 1000
 MAX_STOP_CHARS = 256
+MAX_GUIDANCE = 50.0
+
+
+def _spec(info: ValidationInfo) -> ModelSpec | None:
+    """The model the input is for, when validated against one (`validate_input`): its limits
+    are checked in the same pass as the field types, so every problem is reported at once."""
+    return (info.context or {}).get("spec")
+
+
+def _over(value: float, limit: float, spec: ModelSpec, what: str = "limit") -> PydanticCustomError:
+    return PydanticCustomError(
+        "above_limit", "{value} is above model {model}'s {what} of {limit}",
+        {"value": value, "model": spec.name, "what": what, "limit": limit},
+    )
+
+
+def _check_prompt(prompt: str, info: ValidationInfo) -> str:
+    spec = _spec(info)
+    if spec is None:
+        return prompt
+    if len(prompt) > spec.limits.max_prompt_chars:
+        raise PydanticCustomError(
+            "above_limit", "is {length} characters long; model {model} takes at most {limit}",
+            {"length": len(prompt), "model": spec.name, "limit": spec.limits.max_prompt_chars},
+        )
+    if spec.kind == ModelKind.CLASS_DDPM:
+        try:
+            resolve_class(prompt, spec.classes)
+        except InvalidInput as exc:
+            raise PydanticCustomError("unknown_class", exc.message) from None
+    return prompt
+
+
+Prompt = Annotated[str, StringConstraints(min_length=1), AfterValidator(_check_prompt)]
 
 
 class _Input(BaseModel):
     # NaN and Infinity are refused everywhere: no bound catches NaN.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    prompts: list[Prompt] = Field(min_length=1)
+    prompts: list[Prompt] = Field(
+        min_length=1, description="One or more prompts; each becomes its own sub-request(s), "
+        "and the job's outputs come back in the same order.")
     seed: Seed | None = None
 
-    def _check_prompts(self, spec: ModelSpec) -> None:
-        limits = spec.limits
-        if len(self.prompts) > limits.max_prompts:
-            raise InvalidInput(
-                "input.prompts",
-                f"{len(self.prompts)} prompts; model {spec.name} takes at most "
-                f"{limits.max_prompts}",
+    @field_validator("prompts")
+    @classmethod
+    def _prompt_count(cls, prompts: list[str], info: ValidationInfo) -> list[str]:
+        spec = _spec(info)
+        if spec is not None and len(prompts) > spec.limits.max_prompts:
+            raise PydanticCustomError(
+                "above_limit", "{count} prompts; model {model} takes at most {limit}",
+                {"count": len(prompts), "model": spec.name, "limit": spec.limits.max_prompts},
             )
-        for i, p in enumerate(self.prompts):
-            if len(p) > limits.max_prompt_chars:
-                raise InvalidInput(
-                    f"input.prompts.{i}", f"longer than {limits.max_prompt_chars} characters"
-                )
+        return prompts
 
 
 class TextGenerationInput(_Input):
-    max_new_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 means greedy decoding")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, le=MAX_TOP_K, description="0 disables top-k filtering")
-    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]] = []
+    """Input of a text-generation job (causal language models)."""
 
-    def check_limits(self, spec: ModelSpec) -> None:
-        if spec.task != "text-generation":
-            raise InvalidInput("task", f"model {spec.name} serves {spec.task}")
-        self._check_prompts(spec)
-        limits = spec.limits
-        if self.max_new_tokens is not None and self.max_new_tokens > limits.max_new_tokens:
-            raise InvalidInput(
-                "input.max_new_tokens",
-                f"{self.max_new_tokens} is above model {spec.name}'s limit of "
-                f"{limits.max_new_tokens}",
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Tokens to generate per prompt at most; the model's default "
+        "when absent. Generation also ends at the end-of-text token or a stop string.")
+    temperature: float = Field(0.0, ge=0.0, le=5.0,
+                               description="Sampling temperature; 0 means greedy decoding")
+    top_p: float = Field(1.0, gt=0.0, le=1.0,
+                         description="Nucleus sampling: keep the smallest set of tokens whose "
+                         "probabilities add up to top_p (1 keeps all)")
+    top_k: int = Field(0, ge=0, le=MAX_TOP_K,
+                       description="Keep only the k most likely tokens; 0 disables top-k")
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]] = Field(
+        default_factory=list, description="Strings that end a prompt's generation; the text "
+        "returned stops before the first one found")
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _max_new_tokens(cls, value: int | None, info: ValidationInfo) -> int | None:
+        spec = _spec(info)
+        if spec is not None and value is not None and value > spec.limits.max_new_tokens:
+            raise _over(value, spec.limits.max_new_tokens, spec)
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_count(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        spec = _spec(info)
+        if spec is not None and len(value) > spec.limits.max_stop_sequences:
+            raise PydanticCustomError(
+                "above_limit", "{count} stop strings; model {model} takes at most {limit}",
+                {"count": len(value), "model": spec.name, "limit": spec.limits.max_stop_sequences},
             )
-        if len(self.stop) > limits.max_stop_sequences:
-            raise InvalidInput("input.stop", f"at most {limits.max_stop_sequences} stop sequences")
+        return value
 
 
 class ImageGenerationInput(_Input):
-    negative_prompt: str = ""
-    num_images_per_prompt: int = Field(1, ge=1)
-    width: int | None = Field(None, ge=8)
-    height: int | None = Field(None, ge=8)
-    steps: int | None = Field(None, ge=1)
-    guidance_scale: float | None = Field(None, ge=0.0, le=50.0)
+    """Input of an image-generation job (diffusion models)."""
+
+    negative_prompt: str = Field("", description="What the image should not show (guided "
+                                 "models only)")
+    num_images_per_prompt: int = Field(1, ge=1, description="Images made from each prompt, "
+                                       "each with its own seed")
+    width: int | None = Field(None, ge=8, description="Width in pixels, a multiple of 8; the "
+                              "model's default when absent")
+    height: int | None = Field(None, ge=8, description="Height in pixels, a multiple of 8; "
+                               "the model's default when absent")
+    steps: int | None = Field(None, ge=1, description="Denoising steps; more is slower and "
+                              "usually finer. The model's default when absent")
+    guidance_scale: float | None = Field(
+        None, ge=0.0, le=MAX_GUIDANCE, description="Classifier-free guidance: how strongly the "
+        "image follows the prompt (0 or 1 turn guidance off). The model's default when absent")
 
     @field_validator("width", "height")
     @classmethod
-    def _multiple_of_8(cls, v: int | None) -> int | None:
+    def _size(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is None:
+            return value
         # Latent diffusion downsamples by 8: other sizes cannot be decoded back exactly.
-        if v is not None and v % 8:
-            raise ValueError(f"must be a multiple of 8, got {v}")
-        return v
+        if value % 8:
+            raise PydanticCustomError("multiple_of", "must be a multiple of 8, got {value}",
+                                      {"value": value})
+        spec = _spec(info)
+        if spec is not None and not spec.limits.min_size <= value <= spec.limits.max_size:
+            lo, hi = spec.limits.min_size, spec.limits.max_size
+            raise PydanticCustomError(
+                "outside_range",
+                "must be {lo} for model {model}" if lo == hi
+                else "{value} is outside model {model}'s range {lo}..{hi}",
+                {"value": value, "model": spec.name, "lo": lo, "hi": hi},
+            )
+        return value
 
-    def check_limits(self, spec: ModelSpec) -> None:
-        if spec.task != "image-generation":
-            raise InvalidInput("task", f"model {spec.name} serves {spec.task}")
-        self._check_prompts(spec)
-        limits = spec.limits
-        if self.num_images_per_prompt > limits.max_images_per_prompt:
-            raise InvalidInput(
-                "input.num_images_per_prompt",
-                f"{self.num_images_per_prompt} is above the limit of "
-                f"{limits.max_images_per_prompt}",
-            )
-        total = len(self.prompts) * self.num_images_per_prompt
-        if total > limits.max_prompts * limits.max_images_per_prompt:
-            raise InvalidInput("input.prompts", f"{total} images in one job is above the limit")
-        for name in ("width", "height"):
-            value = getattr(self, name)
-            if value is not None and not limits.min_size <= value <= limits.max_size:
-                raise InvalidInput(
-                    f"input.{name}",
-                    f"{value} is outside model {spec.name}'s range "
-                    f"{limits.min_size}..{limits.max_size}",
-                )
-        if self.steps is not None and self.steps > limits.max_steps:
-            raise InvalidInput(
-                "input.steps",
-                f"{self.steps} is above model {spec.name}'s limit of {limits.max_steps}",
-            )
-        if spec.kind == ModelKind.CLASS_DDPM:
-            for i, p in enumerate(self.prompts):
-                resolve_class(p, spec.classes, field=f"input.prompts.{i}")
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, value: int | None, info: ValidationInfo) -> int | None:
+        spec = _spec(info)
+        if spec is not None and value is not None and value > spec.limits.max_steps:
+            raise _over(value, spec.limits.max_steps, spec)
+        return value
+
+    @field_validator("num_images_per_prompt")
+    @classmethod
+    def _images(cls, value: int, info: ValidationInfo) -> int:
+        spec = _spec(info)
+        if spec is not None and value > spec.limits.max_images_per_prompt:
+            raise _over(value, spec.limits.max_images_per_prompt, spec)
+        return value
+
+
+TaskInput = TextGenerationInput | ImageGenerationInput
+INPUTS: dict[Task, type[TextGenerationInput] | type[ImageGenerationInput]] = {
+    "text-generation": TextGenerationInput,
+    "image-generation": ImageGenerationInput,
+}
+
+
+def validate_input(spec: ModelSpec, raw: Any) -> TaskInput:
+    """`raw` as the input of a job for `spec`'s model: its types, bounds and the model's own
+    limits, every problem at once (InvalidInput), fields named from the body's root."""
+    try:
+        return INPUTS[spec.task].model_validate(raw, context={"spec": spec})
+    except ValidationError as exc:
+        raise InvalidInput.of(from_validation_error(exc, prefix="input")) from None
 
 
 class TextOutput(GeneratedText):

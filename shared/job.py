@@ -2,12 +2,13 @@
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
-from shared.inputs import ImageGenerationInput, ImageOutput, TextGenerationInput, TextOutput
+from shared.inputs import ImageOutput, TextOutput
 from shared.messages import JobError, Progress
+from shared.registry import Task
 
 
 class JobStatus(StrEnum):
@@ -50,19 +51,17 @@ class JobMeta(JobOptions):
         return self.webhook is not None and event in self.webhook_events_filter
 
 
-class TextJobRequest(JobOptions):
-    task: Literal["text-generation"]
-    model: str
-    input: TextGenerationInput
+class JobRequest(JobOptions):
+    """A job as submitted: the model, its task (inferred from the model when absent) and the
+    task's input, checked against that model's limits once the model is known."""
 
-
-class ImageJobRequest(JobOptions):
-    task: Literal["image-generation"]
-    model: str
-    input: ImageGenerationInput
-
-
-JobRequest = Annotated[TextJobRequest | ImageJobRequest, Field(discriminator="task")]
+    task: Task | None = Field(
+        None, description="The model's task; inferred from `model` when absent, and checked "
+        "against it when given")
+    model: str = Field(description="A model name from GET /v1/models")
+    input: dict[str, Any] = Field(
+        description="The task's input: TextGenerationInput for text-generation models, "
+        "ImageGenerationInput for image-generation models")
 
 
 class JobMetrics(BaseModel):

@@ -23,6 +23,7 @@ from shared.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
+from shared.problems import sentence
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,8 @@ def render(exc: FibermillError) -> tuple[int, dict[str, Any], dict[str, str]]:
     body: dict[str, Any]
     if isinstance(exc, InvalidInput):
         # The same shape as FastAPI's own validation errors, so clients parse one format.
-        loc = ["body", *exc.field.split(".")]
-        body = {"detail": [{"loc": loc, "msg": exc.message, "type": exc.code}]}
+        body = {"detail": [{"loc": ["body", *p.field.split(".")], "msg": p.message,
+                            "type": p.code} for p in exc.problems]}
     else:
         body = {"detail": str(exc), "code": exc.code}
     headers: dict[str, str] = {}
@@ -71,10 +72,16 @@ async def _domain_error(_request: Request, exc: FibermillError) -> JSONResponse:
 
 
 async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-    # FastAPI's own answer, except that values JSON cannot carry (NaN, Infinity) are echoed
-    # as text: its default handler fails to encode them and answers 500.
-    errors = [{**e, "input": _json_safe(e["input"])} if "input" in e else e
-              for e in exc.errors()]
+    # FastAPI's own answer in the project's words, every problem at once; values JSON cannot
+    # carry (NaN, Infinity) are echoed as text: its default handler fails to encode them and
+    # answers 500.
+    errors = []
+    for e in exc.errors():
+        e = {**e, "msg": sentence(e)}
+        e.pop("url", None)
+        if "input" in e:
+            e["input"] = _json_safe(e["input"])
+        errors.append(e)
     return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 

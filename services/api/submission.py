@@ -11,7 +11,8 @@ from services.api.auth import Principal
 from services.api.backpressure import QueueDepths
 from services.api.dispatch import Dispatcher
 from services.api.webhooks.ssrf import check_webhook_url
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, Problem
+from shared.inputs import TaskInput, validate_input
 from shared.job import JobMeta, JobOptions, JobRequest, JobStatus
 from shared.jobstore import Enqueue, JobRecord, JobStore
 from shared.registry import ModelRegistry, ModelSpec
@@ -46,12 +47,13 @@ class Submissions:
     async def submit(
         self, req: JobRequest, principal: Principal, idempotency_key: str | None
     ) -> Submitted:
-        spec = await self._validate(req, idempotency_key)
-        # Of the body as sent, before a seed is chosen; only an Idempotency-Key needs it.
-        digest = (idempotency.body_digest(req.model_dump(mode="json"))
+        spec, inp = await self._check(req, idempotency_key)
+        # Of the body as sent (its task filled in, so leaving it out means the same), before a
+        # seed is chosen; only an Idempotency-Key needs it.
+        digest = (idempotency.body_digest({**req.model_dump(mode="json"), "task": spec.task})
                   if idempotency_key is not None else "")
-        _choose_seed(req)
-        probe = _probe(req)
+        _choose_seed(inp)
+        probe = _probe(spec, inp)
         # Split before storing, so a job that cannot be split is never accepted.
         subs = self.dispatcher.subrequests(probe)
         async with self.claims.hold(
@@ -67,27 +69,47 @@ class Submissions:
                                      enqueue)
         # Counted once the job exists (it will reach a final status and be counted finished):
         # an Idempotency-Key replay is not a new job.
-        metrics.JOBS_SUBMITTED.labels(req.task, req.model).inc()
+        metrics.JOBS_SUBMITTED.labels(spec.task, spec.name).inc()
         self.depths.added(spec.name, len(subs))
         if enqueue is None:
             await self.store.mark_dispatched(rec.id)  # nothing to send
         return Submitted(rec, created=True)
 
-    async def _validate(self, req: JobRequest, idempotency_key: str | None) -> ModelSpec:
-        """The model's spec, once the request fits its model and the server's limits."""
-        spec = self.registry.get(req.model)
-        if spec.task != req.task:
-            raise InvalidInput("task", f"model {req.model} serves {spec.task}, not {req.task}")
-        req.input.check_limits(spec)
+    async def _check(
+        self, req: JobRequest, idempotency_key: str | None
+    ) -> tuple[ModelSpec, TaskInput]:
+        """The model's spec and the typed input, once the request fits its model and the
+        server's limits; otherwise every problem found, at once (InvalidInput)."""
+        problems: list[Problem] = []
+        spec: ModelSpec | None = None
+        inp: TaskInput | None = None
+        try:
+            spec = self.registry.get(req.model)
+        except InvalidInput as exc:
+            problems += exc.problems
+        if spec is not None:
+            if req.task is not None and req.task != spec.task:
+                problems.append(Problem(
+                    "task", f"model {spec.name} serves {spec.task}, not {req.task} "
+                    "(leave task out and the model's own is used)"))
+            try:
+                inp = validate_input(spec, req.input)
+            except InvalidInput as exc:
+                problems += exc.problems
         limit = self.settings.max_deadline_seconds
         if req.deadline_seconds is not None and req.deadline_seconds > limit:
-            raise InvalidInput("deadline_seconds", f"at most {limit} seconds")
+            problems.append(Problem("deadline_seconds", f"must be at most {limit:g} seconds"))
         if req.webhook is not None:
-            await check_webhook_url(str(req.webhook), self.settings.webhook_allow_private)
+            try:
+                await check_webhook_url(str(req.webhook), self.settings.webhook_allow_private)
+            except InvalidInput as exc:
+                problems += exc.problems
         if idempotency_key is not None and len(idempotency_key) > idempotency.MAX_KEY_LENGTH:
-            raise InvalidInput("Idempotency-Key",
-                               f"longer than {idempotency.MAX_KEY_LENGTH} characters")
-        return spec
+            problems.append(Problem(
+                "Idempotency-Key", f"must be at most {idempotency.MAX_KEY_LENGTH} characters"))
+        if problems or spec is None or inp is None:
+            raise InvalidInput.of(problems)
+        return spec, inp
 
     async def _create(
         self,
@@ -104,13 +126,13 @@ class Submissions:
                                        meta, enqueue)
 
 
-def _choose_seed(req: JobRequest) -> None:
-    if req.input.seed is None:
+def _choose_seed(inp: TaskInput) -> None:
+    if inp.seed is None:
         # Stored with the job, so every job can be reproduced from its own record.
-        req.input.seed = secrets.randbelow(2**31 - 1)
+        inp.seed = secrets.randbelow(2**31 - 1)
 
 
-def _probe(req: JobRequest) -> JobRecord:
+def _probe(spec: ModelSpec, inp: TaskInput) -> JobRecord:
     """The record the job will have, under a new id, for splitting it before it is stored."""
-    rec_input = req.input.model_dump(mode="json")
-    return JobRecord(uuid.uuid4().hex, req.task, req.model, JobStatus.QUEUED, rec_input, 0, 0.0)
+    return JobRecord(uuid.uuid4().hex, spec.task, spec.name, JobStatus.QUEUED,
+                     inp.model_dump(mode="json"), 0, 0.0)

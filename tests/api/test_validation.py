@@ -175,3 +175,64 @@ def test_a_stop_string_is_bounded(client):
                                                            "stop": ["y" * 257]}})
     assert resp.status_code == 422
     assert any("stop" in f for f in _fields(resp))
+
+
+def _problems(resp) -> dict[str, str]:
+    return {".".join(str(p) for p in d["loc"][1:]): d["msg"] for d in resp.json()["detail"]}
+
+
+def test_every_problem_of_an_input_is_reported_at_once(client):
+    resp = client.post("/v1/jobs", json={"model": "digits", "input": {
+        "prompts": ["3", "a cat"], "steps": 5000, "width": 32, "num_images_per_prompt": 9}})
+    assert resp.status_code == 422
+    found = _problems(resp)
+    assert set(found) == {"input.steps", "input.width", "input.num_images_per_prompt",
+                          "input.prompts.1"}, found
+    assert found["input.steps"].startswith("5000 is above model digits's limit of ")
+    assert found["input.width"] == "must be 16 for model digits"
+    assert found["input.num_images_per_prompt"] == "9 is above model digits's limit of 8"
+    assert found["input.prompts.1"].startswith("'a cat' names no class this model knows")
+
+
+def test_type_problems_and_limit_problems_come_together(client):
+    resp = client.post("/v1/jobs", json={"model": "tiny-sd", "input": {
+        "prompts": [""], "steps": "many", "width": 60, "height": 1024, "guidance_scale": 99}})
+    assert resp.status_code == 422
+    found = _problems(resp)
+    assert found == {
+        "input.prompts.0": "must not be empty",
+        "input.steps": "must be a whole number",
+        "input.width": "must be a multiple of 8, got 60",
+        "input.height": "1024 is outside model tiny-sd's range 32..256",
+        "input.guidance_scale": "must be at most 50",
+    }
+
+
+def test_problems_of_the_request_itself_are_in_the_projects_words(client):
+    resp = client.post("/v1/jobs", json={"model": "tiny-gpt2", "input": {"prompts": ["x"]},
+                                         "priority": 12, "colour": "red"})
+    assert resp.status_code == 422
+    assert _problems(resp) == {"priority": "must be at most 9",
+                               "colour": "is not a field of this request"}
+    resp = client.post("/v1/jobs", json={"model": "tiny-gpt2",
+                                         "input": {"prompts": ["x"], "temprature": 1}})
+    assert _problems(resp) == {"input.temprature": "is not a field of this request"}
+
+
+def test_task_is_inferred_from_the_model_when_absent(client):
+    resp = client.post("/v1/jobs", json={"model": "tiny-gpt2", "input": {"prompts": ["x"]}})
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["task"] == "text-generation"
+    resp = client.post("/v1/jobs", json={"model": "digits", "input": {"prompts": ["3"]}})
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["task"] == "image-generation"
+
+
+def test_a_task_that_is_given_is_still_checked(client):
+    resp = client.post("/v1/jobs", json={"task": "image-generation", "model": "tiny-gpt2",
+                                         "input": {"prompts": ["x"], "steps": 5}})
+    assert resp.status_code == 422
+    found = _problems(resp)
+    # The input is read as the model's own task's, so its problems are found too.
+    assert set(found) == {"task", "input.steps"}, found
+    assert "serves text-generation, not image-generation" in found["task"]
