@@ -20,9 +20,7 @@ from shared.messages import GeneratedImage, GeneratedText
 from shared.problems import from_validation_error
 from shared.registry import ModelKind, ModelSpec, Task
 
-Seed = Annotated[int, Field(ge=0, le=2**31 - 1, description=(
-    "Makes the output reproducible: the same seed and input give the same output. Chosen at "
-    "random and stored with the job when absent; prompt i of a job uses seed + i."))]
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 # Bounds of fields whose values reach the model as numbers: an unbounded one is a way to fail
 # every request batched with it.
@@ -71,7 +69,9 @@ class _Input(BaseModel):
     prompts: list[Prompt] = Field(
         min_length=1, description="One or more prompts; each becomes its own sub-request(s), "
         "and the job's outputs come back in the same order.")
-    seed: Seed | None = None
+    seed: Seed | None = Field(None, description=(
+        "Makes the output reproducible: the same seed and input give the same output. Chosen "
+        "at random and stored with the job when absent; output i of a job uses seed + i."))
 
     @field_validator("prompts")
     @classmethod

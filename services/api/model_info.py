@@ -1,0 +1,47 @@
+"""What GET /v1/models says of each model: its task, its own parameters with their ranges and
+defaults, and which live workers serve it."""
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from services.api import parameters
+from shared.messages import WorkerHeartbeat
+from shared.registry import ModelSpec, Task
+
+
+class ModelWorker(BaseModel):
+    id: str = Field(description="The worker process (host and device)")
+    device: str = Field(description="The device it runs the model on, such as cuda:0 or cpu")
+    in_flight: int = Field(description="Sub-requests it holds now, of any model")
+
+
+class ModelInfo(BaseModel):
+    name: str = Field(description="The value of a job's `model` field")
+    task: Task = Field(description="What the model does; a job's `task` may be left out")
+    kind: str = Field(description="The model family, which decides how it is run")
+    description: str = Field(description="What the model is, in a sentence")
+    parameters: dict[str, dict[str, Any]] = Field(description=(
+        "JSON Schema of each `input` field this model takes, with the model's own bounds "
+        "(minimum, maximum, maxItems) and defaults"))
+    defaults: dict[str, Any] = Field(description="Values used for fields left out")
+    limits: dict[str, Any] = Field(description="The model's limits, as the registry sets them")
+    classes: list[list[str]] | None = Field(description=(
+        "Class-conditional models: the words that select each class in a prompt"))
+    workers: list[ModelWorker] = Field(description="Live workers that serve the model")
+    available: bool = Field(description="Whether at least one live worker serves it now")
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+def describe(spec: ModelSpec, workers: list[WorkerHeartbeat]) -> ModelInfo:
+    serving = [w for w in workers if spec.name in w.models]
+    return ModelInfo(
+        name=spec.name, task=spec.task, kind=spec.kind, description=spec.description,
+        parameters=parameters.parameters(spec), defaults=parameters.defaults(spec),
+        limits=parameters.limits(spec), classes=spec.classes or None,
+        workers=[ModelWorker(id=w.id, device=w.device, in_flight=w.in_flight) for w in serving],
+        available=bool(serving),
+    )
