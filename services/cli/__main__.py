@@ -6,7 +6,7 @@ from rich.console import Console
 
 from services.cli import exitcodes
 from services.cli.args import build_parser
-from services.cli.client import ApiError, Client, Unreachable
+from services.cli.client import ApiError, Client, NotTheApi, Unreachable
 from services.cli.commands import COMMANDS, Context, UsageError
 
 # Pipes get a wide fixed width, so tables are not cut to 80 columns and ids stay whole.
@@ -22,7 +22,7 @@ def _console(stderr: bool) -> Console:
 def _refused(err: Console, exc: ApiError) -> None:
     if exc.fields:
         err.print(f"fibermill: the API refused the request ({exc.status}):")
-        for name, message in exc.fields.items():
+        for name, message in exc.fields:
             err.print(f"  {name}: {message}", markup=False)
         return
     err.print(f"fibermill: {exc} ({exc.status})", markup=False)
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         except ApiError as exc:
             _refused(err, exc)
             return exitcodes.API_ERROR
-        except Unreachable as exc:
+        except (Unreachable, NotTheApi) as exc:
             err.print(f"fibermill: {exc}", markup=False)
             return exitcodes.UNREACHABLE
         except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""The command line: `fibermill <command> [options]`."""
+"""The command line: `fibermill [global options] <command> [options]`."""
 
 import argparse
 import os
@@ -26,16 +26,31 @@ TEXT_OPTIONS = [
 ]
 
 
+GLOBAL_RULE = """The global options (--url, --api-key, --json, --timeout) go before or after
+the command; one given in both places takes its value from after the command."""
+
+
+def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """The main parser has them with their defaults. Each command's parser has them again
+    with none (SUPPRESS): argparse then copies only those given after the command over the
+    main parser's values, which is what makes the later placement win."""
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    group = parser.add_argument_group("global options")
+    group.add_argument("--url", default=default(os.environ.get("FIBERMILL_URL") or DEFAULT_URL),
+                       help=f"the API's base URL (default: $FIBERMILL_URL, else {DEFAULT_URL})")
+    group.add_argument("--api-key", default=default(os.environ.get("FIBERMILL_API_KEY")),
+                       metavar="KEY", help="API key (default: $FIBERMILL_API_KEY)")
+    group.add_argument("--json", action="store_true", default=default(False),
+                       help="print JSON on stdout, for scripts")
+    group.add_argument("--timeout", type=float, default=default(30.0), metavar="SECONDS",
+                       help="HTTP timeout of one request (default 30)")
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("FIBERMILL_URL") or DEFAULT_URL,
-                        help="the API (default: $FIBERMILL_URL, else %(default)s)")
-    common.add_argument("--api-key", default=os.environ.get("FIBERMILL_API_KEY"), metavar="KEY",
-                        help="API key (default: $FIBERMILL_API_KEY)")
-    common.add_argument("--json", action="store_true",
-                        help="print JSON on stdout, for scripts")
-    common.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="HTTP timeout of one request (default %(default)s)")
+    _global_options(common, defaults=False)
     return common
 
 
@@ -48,8 +63,9 @@ def _follow_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fibermill", description="Submit and follow Fibermill jobs.",
+        prog="fibermill", description=f"Submit and follow Fibermill jobs.\n\n{GLOBAL_RULE}",
         epilog=exitcodes.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _global_options(parser, defaults=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     common = _common()
 

@@ -11,17 +11,23 @@ TASK_TAGS = {"image-generation", "text-generation"}
 
 
 class Unreachable(Exception):
-    """No HTTP answer at all: wrong URL, the API is down, or the connection broke."""
+    """No answer from the API: nothing answered at the URL, or the connection broke."""
+
+
+class NotTheApi(Exception):
+    """Something answered at the URL, but not the API: most often --url has a path too many.
+    Not an `Unreachable`, which a job's follower waits out: this does not get better."""
 
 
 class ApiError(Exception):
     """The API answered with an error status."""
 
-    def __init__(self, status: int, message: str, fields: dict[str, str] | None = None,
+    def __init__(self, status: int, message: str,
+                 fields: list[tuple[str, str]] | None = None,
                  retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.fields = fields or {}
+        self.fields = fields or []  # (field, problem) in the API's order; a field may recur
         self.retry_after = retry_after
 
 
@@ -35,17 +41,38 @@ def field_name(loc: list) -> str:
     return ".".join(parts) or "request"
 
 
-def api_error(resp: httpx.Response) -> ApiError:
+def _base_form(url: httpx.URL) -> str:
+    return f"{url.scheme}://{url.netloc.decode()}"
+
+
+def _not_the_api(resp: httpx.Response, why: str) -> NotTheApi:
+    request = resp.request
+    return NotTheApi(f"{request.method} {request.url} answered {why}: is --url the API's "
+                     f"base URL (like {_base_form(request.url)})?")
+
+
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        raise _not_the_api(resp, f"{resp.status_code} {resp.reason_phrase}, not JSON") from None
+
+
+def api_error(resp: httpx.Response) -> ApiError | NotTheApi:
     try:
         body = resp.json()
     except ValueError:
         body = {}
+    # The API's own 404s (an unknown job or output) carry a code; a 404 without one is a
+    # path no route serves, as when --url ends in a path of its own.
+    if resp.status_code in (404, 405) and not (isinstance(body, dict) and "code" in body):
+        return _not_the_api(resp, f"{resp.status_code} {resp.reason_phrase}")
     detail = body.get("detail") if isinstance(body, dict) else None
     retry = resp.headers.get("Retry-After")
     retry_after = int(retry) if retry and retry.isdigit() else None
     if isinstance(detail, list):
-        fields = {field_name(d.get("loc", [])): str(d.get("msg", "invalid")) for d in detail}
-        lines = "; ".join(f"{f}: {m}" for f, m in fields.items())
+        fields = [(field_name(d.get("loc", [])), str(d.get("msg", "invalid"))) for d in detail]
+        lines = "; ".join(f"{f}: {m}" for f, m in fields)
         return ApiError(resp.status_code, f"invalid request: {lines}", fields)
     message = detail if isinstance(detail, str) else f"HTTP {resp.status_code}"
     if retry_after is not None:
@@ -73,29 +100,35 @@ class Client:
         self.close()
 
     def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        request = self.http.build_request(method, url, **kwargs)
         try:
-            resp = self.http.request(method, url, **kwargs)
+            resp = self.http.send(request)
         except httpx.TransportError as exc:
-            raise Unreachable(f"cannot reach {self.base_url}: {exc}") from exc
+            why = str(exc) or type(exc).__name__
+            raise Unreachable(f"cannot reach the API: {method} {request.url} failed ({why}); "
+                              f"is it running at {self.base_url}?") from exc
         if resp.is_error:
             raise api_error(resp)
         return resp
 
+    def _call(self, method: str, url: str, **kwargs: Any) -> Any:
+        return _json(self._send(method, url, **kwargs))
+
     def models(self) -> list[dict]:
-        return self._send("GET", "/v1/models").json()["models"]
+        return self._call("GET", "/v1/models")["models"]
 
     def submit(self, body: dict, idempotency_key: str | None = None) -> dict:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._send("POST", "/v1/jobs", json=body, headers=headers).json()
+        return self._call("POST", "/v1/jobs", json=body, headers=headers)
 
     def job(self, job_id: str) -> dict:
-        return self._send("GET", f"/v1/jobs/{job_id}").json()
+        return self._call("GET", f"/v1/jobs/{job_id}")
 
     def jobs(self, limit: int) -> list[dict]:
-        return self._send("GET", "/v1/jobs", params={"limit": limit}).json()["jobs"]
+        return self._call("GET", "/v1/jobs", params={"limit": limit})["jobs"]
 
     def cancel(self, job_id: str) -> dict:
-        return self._send("POST", f"/v1/jobs/{job_id}/cancel").json()
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
     def output(self, url: str) -> bytes:
         """An output by the URL the job gives for it (relative, or absolute with a public URL)."""

@@ -12,6 +12,7 @@ from services.cli.args import IMAGE_OPTIONS, TEXT_OPTIONS
 from services.cli.client import Client
 from services.cli.outputs import write_outputs
 from services.cli.progress import FINAL, display_for, follow
+from services.cli.wording import ALREADY, article, listing, plural
 
 
 class UsageError(Exception):
@@ -57,7 +58,9 @@ def _body(args: argparse.Namespace, task: str) -> dict:
     if args.stop and image:
         wrong.append("--stop")
     if wrong:
-        raise UsageError(f"{', '.join(wrong)} do not apply: {args.model} is a {task} model")
+        verb = "does" if len(wrong) == 1 else "do"
+        raise UsageError(f"{listing(wrong)} {verb} not apply: {args.model} is "
+                         f"{article(task)} {task} model")
     inputs = {"prompts": args.prompts}
     inputs.update({dest: getattr(args, dest) for _, dest in _set(args, mine)})
     if args.seed is not None:
@@ -97,7 +100,7 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
 
 def _finish(args: argparse.Namespace, ctx: Context, job: dict) -> int:
     if job["status"] not in FINAL:
-        display = display_for(ctx.err, quiet=args.json)
+        display = display_for(ctx.err)
         try:
             job = follow(ctx.client, job, display)
         finally:
@@ -106,7 +109,7 @@ def _finish(args: argparse.Namespace, ctx: Context, job: dict) -> int:
     _show(args, ctx, job)
     if files:
         if args.json:
-            ctx.err.print(f"wrote {len(files)} file(s) to {args.out}")
+            ctx.err.print(f"wrote {plural(len(files), 'file')} to {args.out}")
         else:
             for path in files:
                 print(path)
@@ -130,7 +133,7 @@ def cancel(args: argparse.Namespace, ctx: Context) -> int:
     if args.json:
         _print_json(job)
     elif before["status"] in FINAL:
-        ctx.out.print(f"job {job['id']} had already {job['status']}; nothing to cancel")
+        ctx.out.print(f"job {job['id']} {ALREADY[job['status']]}; nothing to cancel")
     else:
         ctx.out.print(f"job {job['id']} {job['status']}")
     return exitcodes.OK

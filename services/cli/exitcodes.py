@@ -5,7 +5,7 @@ FAILED = 1  # the job failed
 USAGE = 2  # bad arguments (argparse's own code)
 CANCELED = 3  # the job was canceled
 API_ERROR = 4  # the API refused the request: invalid input, unknown job, bad key, busy
-UNREACHABLE = 5  # no answer from the API
+UNREACHABLE = 5  # no answer from the API, or not the API at the URL
 PENDING = 6  # the job has not finished yet
 INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
@@ -17,7 +17,7 @@ HELP = """exit codes:
   2  bad arguments
   3  the job was canceled
   4  the API refused the request (invalid input, unknown job, bad key, rate limit, busy)
-  5  the API could not be reached
+  5  the API could not be reached (nothing answered at --url, or not the API)
   6  the job has not finished yet (status without --wait)
 """
 

@@ -1,5 +1,5 @@
-"""Follow a job to its end, showing its progress: a rich progress bar on a terminal, one line
-per status change elsewhere, or nothing."""
+"""Follow a job to its end, showing its progress as a rich progress bar on a terminal. Elsewhere
+(a pipe, a log) nothing is shown while it runs: the caller prints the final status, once."""
 
 import sys
 import time
@@ -44,21 +44,6 @@ class Silent:
         pass
 
 
-class Lines(Silent):
-    """For logs and pipes: a line when the status changes, none per step."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.last: str | None = None
-
-    def status(self, job: dict) -> None:
-        if job["status"] != self.last:
-            self.last = job["status"]
-            p = job["progress"]
-            self.console.print(f"job {job['id']} {job['status']} ({p['done']}/{p['total']})",
-                               highlight=False)
-
-
 class Bars:
     """Outputs done of total, and the denoise step (or token) of the latest running output."""
 
@@ -81,6 +66,8 @@ class Bars:
         p = job["progress"]
         self.bars.update(self.outputs, description=f"{job['status']:<9} outputs",
                          completed=p["done"], total=p["total"])
+        # Step events are throttled, so the last one drawn is rarely the last step: a step bar
+        # left on the screen would end short of done. The outputs bar shows the end.
         if job["status"] in FINAL and self.steps is not None:
             self.bars.update(self.steps, visible=False)
 
@@ -98,10 +85,8 @@ class Bars:
         self.bars.stop()
 
 
-def display_for(console: Console, quiet: bool) -> Display:
-    if console.is_terminal:
-        return Bars(console)
-    return Silent() if quiet else Lines(console)
+def display_for(console: Console) -> Display:
+    return Bars(console) if console.is_terminal else Silent()
 
 
 def follow(client: Client, job: dict, display: Display) -> dict:

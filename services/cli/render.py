@@ -4,6 +4,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from services.cli.wording import plural
+
 STATUS_STYLE = {"queued": "dim", "running": "blue", "succeeded": "green", "failed": "red",
                 "canceled": "yellow"}
 
@@ -46,8 +48,9 @@ def results(console: Console, job: dict, base_url: str = "") -> None:
                           f"{item['width']}x{item['height']} {_absolute(item['url'], base_url)}",
                           highlight=False)
         else:
+            tokens = plural(item["tokens"], "token")
             console.print(f"  [{i}] {prompt!r} → {item['text']!r} "
-                          f"({item['finish_reason']}, {item['tokens']} tokens)", highlight=False)
+                          f"({item['finish_reason']}, {tokens})", highlight=False)
 
 
 def _absolute(url: str, base_url: str) -> str:

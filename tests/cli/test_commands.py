@@ -1,18 +1,14 @@
 """`fibermill` commands against a live API and workers."""
 
-import fcntl
 import json
-import os
-import pty
 import struct
-import subprocess
-import termios
 import time
 
 import pytest
 
 from services.devstack.redis_server import free_port
-from tests.cli.conftest import CLI, run_cli
+from tests.cli.conftest import run_cli, run_in_pty
+from tests.cli.screen import final_screen
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +29,7 @@ def test_submit_wait_json_returns_the_final_job_and_writes_the_images(cli, tmp_p
     files = sorted(out.iterdir())
     assert [f.name for f in files] == [f"{job['id']}-{i}.png" for i in range(4)]
     assert all(_png_size(f.read_bytes()) == (16, 16) for f in files)
-    assert "wrote 4 file(s)" in r.err
+    assert "wrote 4 files" in r.err
 
     # A finished job's outputs can be fetched again later.
     again = cli("status", job["id"], "--out", str(tmp_path / "again"))
@@ -67,35 +63,21 @@ def test_cancel_a_running_job(cli, stack):
     assert cli("status", job_id).code == 3
     r = cli("status", job_id, "--wait", "--json")
     assert r.code == 3 and json.loads(r.out)["status"] == "canceled"
-    assert "had already canceled" in cli("cancel", job_id).out
+    assert f"job {job_id} was already canceled; nothing to cancel" in cli("cancel", job_id).out
 
 
 def test_progress_bar_on_a_terminal(stack):
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FIBERMILL_API_KEY")}
-    env.update(FIBERMILL_URL=stack.base_url, TERM="xterm-256color")
     args = ["submit", "-m", "digits", "-p", "9", "-n", "2", "--steps", "100", "--wait"]
-    proc = subprocess.Popen([*CLI, *args], stdin=follower, stdout=follower, stderr=follower,
-                            env=env)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    assert proc.wait(timeout=60) == 0
-    screen = b"".join(chunks).decode(errors="replace")
+    code, screen = run_in_pty(args, stack.base_url)
+    assert code == 0, screen
     assert "\x1b[" in screen  # drawn with terminal control codes, not printed as lines
     assert "━" in screen  # rich's bar
     assert "output #1 step" in screen  # the denoise steps were followed live
-    assert "succeeded outputs" in screen and "2/2" in screen
-    assert "job " in screen and "succeeded" in screen
+    # What stays on the screen is the bar's done state, then the job.
+    lines = [line for line in final_screen(screen) if line]
+    assert "succeeded outputs" in lines[0] and "2/2" in lines[0], lines
+    assert lines[1].startswith("job ") and lines[1].endswith(" succeeded"), lines
+    assert not any("output #" in line for line in lines), lines
 
 
 def test_models_and_jobs_for_scripts(cli):
@@ -113,16 +95,34 @@ def test_models_and_jobs_for_scripts(cli):
 
 
 def test_invalid_input_names_the_field(cli):
+    # The problems are in the API's words; the CLI's part is the field and the line.
     r = cli("submit", "-m", "digits", "-p", "7", "--width", "24")
     assert r.code == 4 and r.out == ""
-    assert "input.width: 24 is outside model digits's range 16..16" in r.err
+    assert "\n  input.width: " in r.err and "16" in r.err, r.err
     r = cli("submit", "-m", "digits", "-p", "7", "-p", "a cat")
-    assert r.code == 4 and "input.prompts.1: 'a cat' names no class" in r.err
+    assert r.code == 4 and "\n  input.prompts.1: " in r.err, r.err
 
 
 def test_options_of_the_other_task_are_refused(cli):
     r = cli("submit", "-m", "digits", "-p", "7", "--max-new-tokens", "5")
-    assert r.code == 2 and "--max-new-tokens do not apply" in r.err
+    assert r.code == 2, r.err
+    assert "--max-new-tokens does not apply: digits is an image-generation model" in r.err
+
+
+def test_global_options_before_or_after_the_command(stack):
+    nothing_there = f"http://127.0.0.1:{free_port()}"
+    before = run_cli(["--url", stack.base_url, "--json", "models"], nothing_there)
+    assert before.code == 0, before.err
+    assert "digits" in [m["name"] for m in json.loads(before.out)]
+    both = run_cli(["--url", nothing_there, "models", "--url", stack.base_url], nothing_there)
+    assert both.code == 0 and "digits" in both.out, both.err
+
+
+def test_a_wrong_url_path_names_the_url_tried(stack):
+    r = run_cli(["models"], f"{stack.base_url}/wrong")
+    assert r.code == 5 and r.out == ""
+    assert (f"GET {stack.base_url}/wrong/v1/models answered 404 Not Found: "
+            f"is --url the API's base URL (like {stack.base_url})?") in r.err
 
 
 def test_unknown_job(cli):
@@ -131,5 +131,6 @@ def test_unknown_job(cli):
 
 
 def test_unreachable_api():
-    r = run_cli(["models"], f"http://127.0.0.1:{free_port()}", timeout=30)
-    assert r.code == 5 and "cannot reach" in r.err
+    url = f"http://127.0.0.1:{free_port()}"
+    r = run_cli(["models"], url, timeout=30)
+    assert r.code == 5 and f"cannot reach the API: GET {url}/v1/models failed" in r.err
