@@ -16,9 +16,13 @@ CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-q
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO_ROOT / "artifacts" / "ui"
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
 
 
-@pytest.fixture(scope="module")
+# One stack for the package's modules, stopped when they are done: starting it costs more
+# than a module's tests, and each test has its own browser context (own localStorage).
+@pytest.fixture(scope="package")
 def ui_stack(redis_server, model_dir, tmp_path_factory):
     """One API and one worker process: the page needs no more, and the machine has 2 cores.
     Keys are on, so every request of the page must carry one."""
@@ -39,7 +43,7 @@ def ui_stack(redis_server, model_dir, tmp_path_factory):
         yield s
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def browser():
     from playwright.sync_api import sync_playwright
 
@@ -51,17 +55,35 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, ui_stack):
-    """A fresh browser context (own localStorage) on the page; console errors are collected
-    so a test can tell the page's own failures from the API's expected refusals."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900},
-                                  base_url=ui_stack.base_url)
-    p = context.new_page()
-    p.set_default_timeout(60_000)
-    p.page_errors = []
-    p.on("pageerror", lambda e: p.page_errors.append(str(e)))
-    yield p
-    context.close()
+def new_page(browser, ui_stack):
+    """Make a page in a fresh browser context (own localStorage, as another person's browser
+    would be); console errors are collected so a test can tell the page's own failures from
+    the API's expected refusals."""
+    contexts = []
+
+    def make(viewport: dict = DESKTOP):
+        context = browser.new_context(viewport=viewport, base_url=ui_stack.base_url)
+        contexts.append(context)
+        p = context.new_page()
+        p.set_default_timeout(60_000)
+        p.page_errors = []
+        p.on("pageerror", lambda e: p.page_errors.append(str(e)))
+        return p
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def page(new_page):
+    return new_page()
+
+
+@pytest.fixture
+def phone(new_page):
+    """The page at a phone's size (390x844 CSS pixels)."""
+    return new_page(PHONE)
 
 
 @pytest.fixture

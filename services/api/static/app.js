@@ -4,6 +4,7 @@ import { ApiError, apiKey, getJSON, postJSON, setApiKey } from "./js/api.js";
 import { JobForm } from "./js/form.js";
 import { JobView } from "./js/job.js";
 import { RecentJobs } from "./js/recent.js";
+import { jobFromHash, onJobHash, showJobHash } from "./js/route.js";
 
 const $ = (sel) => document.querySelector(sel);
 
@@ -30,8 +31,15 @@ function reportError(err) {
 }
 
 const view = new JobView((job) => recent.update(job));
+
+// Every job shown gets its address, so a reload or a shared link shows it again.
+function openJob(idOrJob) {
+  showJobHash(typeof idOrJob === "string" ? idOrJob : idOrJob.id);
+  view.open(idOrJob).catch(reportError);
+}
+
 const recent = new RecentJobs({
-  onOpen: (id) => view.open(id).catch(reportError),
+  onOpen: openJob,
   onCancel: (id) => view.cancel(id),
   watching: () => view.id,
 });
@@ -44,7 +52,7 @@ async function submit(body) {
     const job = await postJSON("/v1/jobs", body);
     banner("");
     recent.add(job);
-    view.open(job).catch(reportError);
+    openJob(job);
   } catch (err) {
     if (!(err instanceof ApiError)) throw err;
     form.showErrors(err);
@@ -67,6 +75,9 @@ async function connect() {
     banner("");
     showKeyState(false);
     document.body.dataset.connected = "true";
+    // Only now: before the key works, the job would read as refused.
+    const linked = jobFromHash();
+    if (linked && linked !== view.id) openJob(linked);
     recent.refresh(() => true);
   } catch (err) {
     if (mine !== attempt) return;
@@ -85,6 +96,11 @@ $("#key-forget").addEventListener("click", () => {
   setApiKey("");
   $("#api-key").value = "";
   connect();
+});
+
+onJobHash((id) => {
+  if (!id) view.close();
+  else if (id !== view.id) view.open(id).catch(reportError);
 });
 
 showKeyState(false);

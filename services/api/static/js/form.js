@@ -2,8 +2,11 @@
 // API's field errors next to the fields they name.
 
 import { ApiError, FIX_FIELDS, getJSON } from "./api.js";
+import { paramOf, problemOf, rangeText, takes } from "./limits.js";
 
 const MODEL_STORE = "fibermill.model";
+// The digits model draws 3 well; its 7 is its weakest digit.
+const EXAMPLE_CLASS = 3;
 const $ = (sel) => document.querySelector(sel);
 
 export class JobForm {
@@ -12,10 +15,14 @@ export class JobForm {
     this.select = $("#model");
     this.prompts = $("#prompts");
     this.models = [];
+    // The page's own bounds, for fields a model says nothing about.
+    this.pageBounds = new Map([...this.form.querySelectorAll("input[type=number]")]
+      .map((el) => [el, { min: el.min, max: el.max, step: el.step,
+        placeholder: el.placeholder }]));
     this.form.addEventListener("submit", (e) => {
       e.preventDefault();
-      const unreadable = this.unreadable();
-      if (unreadable) this.showErrors(unreadable);
+      const problems = this.problems();
+      if (problems) this.showErrors(problems);
       else onSubmit(this.body());
     });
     this.select.addEventListener("change", () => {
@@ -23,8 +30,12 @@ export class JobForm {
       this.applyModel();
     });
     $("#add-prompt").addEventListener("click", () => this.addPrompt("").focus());
-    // An error goes away as soon as the person edits the field it is about.
-    this.form.addEventListener("input", (e) => this.clearFieldError(e.target));
+    // An error goes away as soon as the person edits the field it is about, and a prompt
+    // they edited is theirs: a change of model leaves it alone.
+    this.form.addEventListener("input", (e) => {
+      this.clearFieldError(e.target);
+      delete e.target.dataset.example;
+    });
   }
 
   get spec() {
@@ -49,13 +60,12 @@ export class JobForm {
     const image = spec.task === "image-generation";
     for (const el of this.form.querySelectorAll(".for-image")) el.hidden = !image;
     for (const el of this.form.querySelectorAll(".for-text")) el.hidden = image;
-    const { defaults: d, limits: l } = spec;
-    setNumber("#steps", d.steps, 1, l.max_steps);
-    setNumber("#width", d.width, l.min_size, l.max_size);
-    setNumber("#height", d.height, l.min_size, l.max_size);
-    setNumber("#guidance_scale", d.guidance_scale, 0, 50);
-    setNumber("#num_images_per_prompt", null, 1, l.max_images_per_prompt);
-    setNumber("#max_new_tokens", d.max_new_tokens, 1, l.max_new_tokens);
+    for (const el of this.form.querySelectorAll("[data-kind]")) {
+      const [head, name] = el.dataset.field.split(".");
+      if (head !== "input") continue;
+      el.closest(".field").hidden = !takes(spec, name);
+      if (el.type === "number") this.setNumber(el, paramOf(spec, name));
+    }
     const workers = spec.workers.length;
     $("#model-hint").textContent = [
       spec.description,
@@ -66,9 +76,11 @@ export class JobForm {
     $("#classes-hint").textContent = classes.length
       ? `Each prompt names one class: ${classes.map((c) => c.join("/")).join(", ")}.`
       : "";
-    const example = classes.length ? classes[7 % classes.length][0] : "";
-    if (!this.prompts.children.length) this.addPrompt(example);
+    const example = classes.length ? classes[EXAMPLE_CLASS % classes.length][0] : "";
+    if (!this.prompts.children.length) this.addPrompt(example).dataset.example = "";
     for (const input of this.prompts.querySelectorAll("input")) {
+      // The previous model's example, untouched, would be the wrong prompt for this one.
+      if ("example" in input.dataset) input.value = example;
       input.placeholder = classes.length ? `e.g. ${example} or "a handwritten ${example}"`
         : "Describe what to generate";
     }
@@ -122,14 +134,29 @@ export class JobForm {
     return body;
   }
 
-  // A number field holding text reads as empty, which would silently drop it from the request.
-  unreadable() {
+  // Every visible number field against the bounds shown beside it, all at once.
+  problems() {
     const fields = {};
     for (const el of this.form.querySelectorAll("input[type=number]")) {
-      if (el.closest("[hidden]") || !el.validity.badInput) continue;
-      fields[el.dataset.field] = ["not a number"];
+      if (el.closest("[hidden]")) continue;
+      const problem = problemOf(el);
+      if (problem) fields[el.dataset.field] = [problem];
     }
     return Object.keys(fields).length ? new ApiError(0, FIX_FIELDS, { fields }) : null;
+  }
+
+  // param: {default, minimum, maximum, multipleOf} from the model, or null to restore the
+  // page's own bounds.
+  setNumber(el, param) {
+    const own = this.pageBounds.get(el);
+    const min = param ? param.minimum : own.min;
+    const max = param ? param.maximum : own.max;
+    el.placeholder = param && param.default != null ? param.default : own.placeholder;
+    el.min = min ?? "";
+    el.max = max ?? "";
+    el.step = (param && param.multipleOf) || own.step;
+    const hint = el.parentElement.querySelector(".range");
+    if (hint) hint.textContent = rangeText(param ? min : null, param ? max : null);
   }
 
   setBusy(busy) {
@@ -139,20 +166,23 @@ export class JobForm {
   }
 
   // err.fields maps "input.width" -> messages; a field the form lacks goes to the form's
-  // own message, so no error is ever dropped.
+  // own message, so no error is ever dropped. Several fields can land in one slot (two
+  // prompts past the list's end): each adds its messages, none replaces another's.
   showErrors(err) {
     this.clearErrors();
     const loose = [];
+    const slots = new Map();
     for (const [field, messages] of Object.entries(err.fields || {})) {
       const slot = this.errorSlot(field);
       if (slot) {
-        slot.textContent = messages.join("; ");
+        slots.set(slot, [...(slots.get(slot) || []), ...messages]);
         const input = this.form.querySelector(`[data-field="${field}"]`);
         if (input) input.setAttribute("aria-invalid", "true");
       } else {
         loose.push(`${field || "request"}: ${messages.join("; ")}`);
       }
     }
+    for (const [slot, messages] of slots) slot.textContent = messages.join("; ");
     const form = $("#form-error");
     form.textContent = [err.message, ...loose].join(" ");
     const first = this.form.querySelector("[aria-invalid=true]");
@@ -183,14 +213,4 @@ export class JobForm {
       el.removeAttribute("aria-invalid");
     }
   }
-}
-
-function setNumber(sel, placeholder, min, max) {
-  const el = $(sel);
-  el.placeholder = placeholder ?? "";
-  el.min = min ?? "";
-  el.max = max ?? "";
-  const hint = el.parentElement.querySelector(".range");
-  const text = min === max ? `must be ${min}` : `${min}–${max}`;
-  if (hint) hint.textContent = text;
 }

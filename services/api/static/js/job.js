@@ -2,6 +2,7 @@
 
 import { ApiError, getJSON, postJSON } from "./api.js";
 import { renderResults } from "./results.js";
+import { jobHref } from "./route.js";
 import { streamEvents } from "./sse.js";
 
 export const FINAL = new Set(["succeeded", "failed", "canceled"]);
@@ -35,10 +36,13 @@ export class JobView {
     this.shownFinal = null;
     $("#job-card").hidden = false;
     $("#job-id").textContent = id;
+    $("#job-link").href = jobHref(id);
     $("#job-error").textContent = "";
     $("#results").replaceChildren();
     $("#step-meter").hidden = true;
+    for (const m of document.querySelectorAll("#job-card .meter")) delete m.dataset.state;
     if (typeof idOrJob !== "string") this.render(idOrJob);
+    reveal($("#job-card"));
     try {
       await this.follow(id, controller.signal);
     } catch (err) {
@@ -83,6 +87,12 @@ export class JobView {
     }
   }
 
+  close() {
+    if (this.controller) this.controller.abort();
+    this.job = null;
+    $("#job-card").hidden = true;
+  }
+
   render(job) {
     if (job.id !== this.id) return;
     this.job = job;
@@ -94,7 +104,7 @@ export class JobView {
     $("#job-meta").textContent = meta(job);
     this.progress(job.progress);
     if (final) {
-      $("#step-meter").hidden = true;
+      this.finishSteps(job.status === "succeeded");
       $("#job-error").textContent = job.error ? `${job.error.code}: ${job.error.message}` : "";
       if (this.shownFinal !== job.id) {
         this.shownFinal = job.id;
@@ -108,6 +118,7 @@ export class JobView {
     this.job.progress = { done, total };
     $("#done-text").textContent = `${done} of ${total} done`;
     $("#done-fill").style.width = `${total ? (100 * done) / total : 0}%`;
+    if (total && done >= total) $("#done-meter").dataset.state = "done";
     this.onUpdate({ id: this.id, progress: { done, total } });
   }
 
@@ -118,6 +129,21 @@ export class JobView {
     $("#step-label").textContent = `Output #${index + 1}: ${what}`;
     $("#step-text").textContent = `${step} of ${steps}`;
     $("#step-fill").style.width = `${steps ? (100 * step) / steps : 0}%`;
+  }
+
+  // Workers report steps between steps and at most ten times a second, so the last one seen
+  // is short of the end (49 of 50): a succeeded job's bar is completed here, not left there.
+  finishSteps(succeeded) {
+    const meter = $("#step-meter");
+    if (!succeeded || meter.hidden) {
+      meter.hidden = true;
+      return;
+    }
+    const what = this.job.task === "text-generation" ? "tokens" : "denoise steps";
+    $("#step-label").textContent = `Every output: ${what}`;
+    $("#step-text").textContent = "done";
+    $("#step-fill").style.width = "100%";
+    meter.dataset.state = "done";
   }
 
   async cancel(id) {
@@ -139,6 +165,15 @@ export class JobView {
     $("#job-error").textContent = message;
     $("#job-cancel").hidden = true;
   }
+}
+
+// On a phone the job card sits below the form: bring it into view unless its head and
+// outputs bar already are.
+function reveal(card) {
+  const top = card.getBoundingClientRect().top;
+  if (top >= 0 && $("#done-meter").getBoundingClientRect().bottom <= window.innerHeight) return;
+  const smooth = !window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+  card.scrollIntoView({ block: "start", behavior: smooth ? "smooth" : "auto" });
 }
 
 function meta(job) {

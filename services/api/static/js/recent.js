@@ -2,6 +2,7 @@
 
 import { ApiError, getJSON } from "./api.js";
 import { FINAL } from "./job.js";
+import { jobHref } from "./route.js";
 
 const STORE = "fibermill.recent";
 const MAX_JOBS = 25;
@@ -76,11 +77,15 @@ export class RecentJobs {
   }
 
   clicked(e) {
-    const button = e.target.closest("button[data-action]");
+    const button = e.target.closest("[data-action]");
     if (!button) return;
     const id = button.closest("tr").dataset.id;
-    if (button.dataset.action === "open") this.onOpen(id);
-    else if (button.dataset.action === "cancel") {
+    if (button.dataset.action === "open") {
+      // A plain click opens the job here; with a modifier the browser opens a new tab or window.
+      if (e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey || e.altKey) return;
+      e.preventDefault();
+      this.onOpen(id);
+    } else if (button.dataset.action === "cancel") {
       button.disabled = true;
       this.onCancel(id).catch((err) => {
         button.disabled = false;
@@ -97,7 +102,7 @@ export class RecentJobs {
       const tr = document.createElement("tr");
       tr.dataset.id = job.id;
       tr.classList.toggle("current", job.id === current);
-      const open = cell(button("open", job.id.slice(0, 12), "link mono", `Show job ${job.id}`));
+      const open = cell(link(job.id));
       const status = cell(span(`badge ${job.status || ""}`, job.status || "?"));
       const p = job.progress;
       const created = job.createdAt ? new Date(job.createdAt).toLocaleString() : "";
@@ -105,16 +110,27 @@ export class RecentJobs {
       const actions = cell(live ? button("cancel", "Cancel", "danger small", "Cancel this job")
         : "");
       tr.append(open, cell(job.model || ""), status, cell(p ? `${p.done}/${p.total}` : ""),
-        cell(created), actions);
+        cell(created, "when"), actions);
       return tr;
     }));
   }
 }
 
-function cell(content) {
+function cell(content, className) {
   const td = document.createElement("td");
+  if (className) td.className = className;
   td.append(content);
   return td;
+}
+
+function link(id) {
+  const a = document.createElement("a");
+  a.href = jobHref(id);
+  a.dataset.action = "open";
+  a.className = "mono";
+  a.textContent = id.slice(0, 12);
+  a.title = `Show job ${id}`;
+  return a;
 }
 
 function span(className, text) {

@@ -1,0 +1,183 @@
+"""The form: it checks what it shows before sending, shows every refusal at once, starts
+each model with a prompt of its own, and reads each model's parameters from /v1/models."""
+
+import pytest
+
+from tests.ui.helpers import choose, job_posts, open_page
+
+pytestmark = pytest.mark.e2e
+
+DASH = "\N{EN DASH}"  # between the ends of a range shown beside a field
+
+IMAGE_PARAMETERS = ("steps", "width", "height", "guidance_scale", "num_images_per_prompt",
+                    "negative_prompt", "seed")
+TEXT_PARAMETERS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "seed")
+TASK_DEFAULTS = {"image-generation": ("steps", "width", "height", "guidance_scale"),
+                 "text-generation": ("max_new_tokens",)}
+TASK_LIMITS = {"image-generation": ("max_prompts", "max_prompt_chars", "max_images_per_prompt",
+                                    "max_steps", "min_size", "max_size"),
+               "text-generation": ("max_prompts", "max_prompt_chars", "max_new_tokens",
+                                   "max_stop_sequences")}
+
+
+def error(page, field: str) -> str:
+    return page.text_content(f"[data-error-for='{field}']")
+
+
+def reshape_models(page, change) -> dict:
+    """Serve /v1/models as `change(model)` leaves each entry; returns the models as served."""
+    served = {}
+
+    def handle(route):
+        response = route.fetch()
+        body = response.json()
+        for model in body.get("models", []):  # none before the key is given
+            change(model)
+            served[model["name"]] = model
+        route.fulfill(response=response, json=body)
+
+    page.route("**/v1/models", handle)
+    return served
+
+
+def test_every_field_outside_its_shown_range_is_named_before_anything_is_sent(page):
+    open_page(page)
+    posts = job_posts(page)
+    choose(page, "digits", ["3"])
+    assert page.text_content("#width + .hint") == "must be 16"
+    wrong = {"steps": ("1001", "must be at most 1000"),
+             "width": ("24", "must be 16"),
+             "height": ("8", "must be 16"),
+             "num_images_per_prompt": ("9", "must be at most 8"),
+             "guidance_scale": ("51", "must be at most 50"),
+             "seed": ("-1", "must be at least 0"),
+             "priority": ("10", "must be at most 9")}
+    for field, (value, _) in wrong.items():
+        page.fill(f"#{field}", value)
+    page.click("#submit")
+    page.wait_for_selector("#form-error:not(:empty)")
+    for field, (_, message) in wrong.items():
+        name = field if field == "priority" else f"input.{field}"
+        assert error(page, name) == message, field
+        assert page.get_attribute(f"#{field}", "aria-invalid") == "true", field
+    assert "fix" in page.text_content("#form-error")
+
+    choose(page, "tiny-sd", ["a red square"])  # bounds 32..256 in steps of 8
+    page.fill("#width", "36")
+    page.fill("#height", "264")
+    page.fill("#steps", "2.5")
+    page.click("#submit")
+    page.wait_for_selector("#form-error:not(:empty)")
+    assert error(page, "input.width") == "must be a multiple of 8"
+    assert error(page, "input.height") == "must be at most 256"
+    assert error(page, "input.steps") == "must be a whole number"
+
+    choose(page, "tiny-gpt2", ["Hello"])
+    page.fill("#max_new_tokens", "257")
+    page.fill("#temperature", "6")
+    page.click("#submit")
+    page.wait_for_selector("#form-error:not(:empty)")
+    assert error(page, "input.max_new_tokens") == "must be at most 256"
+    assert error(page, "input.temperature") == "must be at most 5"
+    # The image fields are hidden now: whatever they still hold is neither checked nor sent.
+    assert "width" not in page.text_content("#form-error")
+    assert posts == [] and page.is_hidden("#job-card")
+    assert page.page_errors == []
+
+
+def test_every_problem_in_a_refusal_shows_beside_its_field(page):
+    detail = [
+        {"loc": ["body", "input", "width"], "msg": "must be 16 for model digits", "type": "x"},
+        {"loc": ["body", "input", "height"], "msg": "must be 16 for model digits", "type": "x"},
+        {"loc": ["body", "input", "prompts", 1], "msg": "must not be empty", "type": "x"},
+        {"loc": ["body", "input", "prompts", 5], "msg": "is past the end", "type": "x"},
+        {"loc": ["body", "input", "prompts"], "msg": "takes at most 64 entries", "type": "x"},
+        {"loc": ["body", "webhook"], "msg": "must be an http(s) URL", "type": "x"},
+    ]
+    open_page(page)
+    page.route("**/v1/jobs", lambda route: route.fulfill(status=422, json={"detail": detail}))
+    choose(page, "digits", ["3", "4"])
+    page.click("#submit")
+    page.wait_for_selector("#form-error:not(:empty)")
+    assert error(page, "input.width") == "must be 16 for model digits"
+    assert error(page, "input.height") == "must be 16 for model digits"
+    assert error(page, "input.prompts.1") == "must not be empty"
+    # Two problems for the list as a whole share its slot; neither hides the other.
+    assert error(page, "input.prompts") == "is past the end; takes at most 64 entries"
+    assert "webhook: must be an http(s) URL" in page.text_content("#form-error")
+    assert page.page_errors == []
+
+
+def test_the_digits_example_prompt_gives_way_to_a_text_model(page):
+    open_page(page)
+    prompt = "#prompts li:nth-child(1) input"
+    page.select_option("#model", "digits")
+    assert page.input_value(prompt) == "3"
+    page.select_option("#model", "tiny-gpt2")
+    assert page.input_value(prompt) == ""
+    assert page.get_attribute(prompt, "placeholder") == "Describe what to generate"
+    page.select_option("#model", "digits")
+    assert page.input_value(prompt) == "3"
+
+    page.fill(prompt, "a handwritten five")  # the person's own prompt stays theirs
+    page.select_option("#model", "tiny-gpt2")
+    assert page.input_value(prompt) == "a handwritten five"
+    assert page.page_errors == []
+
+
+def test_ranges_and_defaults_come_from_each_models_parameters(page):
+    def change(model):
+        names = IMAGE_PARAMETERS if model["task"] == "image-generation" else TEXT_PARAMETERS
+        model["parameters"] = {n: {"type": "number"} for n in names if n != "negative_prompt"}
+        if model["name"] == "digits":
+            model["parameters"]["steps"] = {"type": "integer", "default": 12, "minimum": 2,
+                                            "maximum": 77}
+        if model["name"] == "tiny-gpt2":
+            model["parameters"]["max_new_tokens"] = {"type": "integer", "default": 9,
+                                                     "minimum": 1, "maximum": 33}
+
+    reshape_models(page, change)
+    open_page(page)
+    choose(page, "digits", ["3"])
+    assert page.get_attribute("#steps", "placeholder") == "12"
+    assert page.text_content("#steps + .hint") == f"2{DASH}77"
+    assert page.is_hidden("#negative_prompt")  # not among the model's parameters
+    page.fill("#steps", "78")
+    page.click("#submit")
+    page.wait_for_selector("#form-error:not(:empty)")
+    assert error(page, "input.steps") == "must be at most 77"
+
+    choose(page, "tiny-gpt2", ["Hello"])
+    assert page.get_attribute("#max_new_tokens", "placeholder") == "9"
+    assert page.text_content("#max_new_tokens + .hint") == f"1{DASH}33"
+    assert page.get_attribute("#seed", "placeholder") == "random"  # no default: the page's
+    assert page.page_errors == []
+
+
+def test_a_model_list_without_parameters_and_with_task_only_fields_still_works(page):
+    def change(model):
+        model.pop("parameters", None)
+        task = model["task"]
+        model["defaults"] = {k: v for k, v in model["defaults"].items()
+                             if k in TASK_DEFAULTS[task]}
+        model["limits"] = {k: v for k, v in model["limits"].items() if k in TASK_LIMITS[task]}
+
+    served = reshape_models(page, change)
+    open_page(page)
+    posts = job_posts(page)
+    choose(page, "digits", ["3"])
+    digits = served["digits"]
+    assert "max_new_tokens" not in digits["defaults"]
+    assert page.get_attribute("#steps", "placeholder") == str(digits["defaults"]["steps"])
+    assert page.text_content("#steps + .hint") == f"1{DASH}{digits['limits']['max_steps']}"
+
+    choose(page, "tiny-gpt2", ["Hello"])
+    gpt2 = served["tiny-gpt2"]
+    assert "steps" not in gpt2["defaults"]
+    limit = gpt2["limits"]["max_new_tokens"]
+    assert page.text_content("#max_new_tokens + .hint") == f"1{DASH}{limit}"
+    page.fill("#max_new_tokens", "3")
+    page.click("#submit")
+    page.wait_for_selector("#job-status.succeeded")
+    assert posts[0]["task"] == "text-generation" and posts[0]["input"]["max_new_tokens"] == 3
+    assert page.page_errors == []

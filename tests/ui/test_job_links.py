@@ -1,0 +1,94 @@
+"""Each job has an address, /#/jobs/{id}: set when it is submitted or opened, kept by a
+reload, and shown to whoever opens it; and a finished job's bars read as finished."""
+
+import pytest
+
+from tests.ui.helpers import IMAGES_LOADED, choose, job_posts, open_page
+
+pytestmark = pytest.mark.e2e
+
+# How full a bar is, in whole percent of its track.
+FILLED = """sel => {
+  const fill = document.querySelector(sel);
+  return Math.round(100 * fill.getBoundingClientRect().width
+    / fill.parentElement.getBoundingClientRect().width);
+}"""
+
+
+def test_a_submitted_job_keeps_its_address_through_a_reload_and_a_shared_link(page, new_page):
+    open_page(page)
+    posts = job_posts(page)
+    choose(page, "digits", ["4"])
+    page.fill("#steps", "1000")  # long enough to be still running after the reload
+    page.click("#submit")
+    page.wait_for_selector("#job-status.running")
+    job_id = page.text_content("#job-id")
+    assert page.url.endswith(f"/#/jobs/{job_id}")
+    assert page.get_attribute("#job-link", "href") == f"#/jobs/{job_id}"
+    assert posts[0]["task"] == "image-generation" and posts[0]["model"] == "digits"
+
+    page.reload()
+    page.wait_for_selector("#job-status.running")
+    assert page.text_content("#job-id") == job_id
+    # Step events arrive only on the live stream: the reloaded page follows the job.
+    page.wait_for_selector("#step-meter:not([hidden])")
+
+    # Another browser, with the same key and no history, opens the job from the link alone.
+    other = new_page()
+    open_page(other, path=f"/#/jobs/{job_id}")
+    other.wait_for_selector("#job-card:not([hidden])")
+    assert other.text_content("#job-id") == job_id
+    other.wait_for_selector("#job-status.running")
+    assert other.locator("#recent tbody tr").count() == 0
+
+    page.click("#job-cancel")
+    other.wait_for_selector("#job-status.canceled")  # the shared view follows it too
+    assert page.page_errors == [] and other.page_errors == []
+
+
+def test_recent_jobs_link_to_their_jobs_and_back_goes_to_the_previous_one(page):
+    open_page(page)
+    ids = []
+    for digit in ("3", "8"):
+        choose(page, "digits", [digit])
+        page.click("#submit")
+        page.wait_for_selector("#job-status.succeeded")
+        ids.append(page.text_content("#job-id"))
+    first = page.locator(f"#recent tr[data-id='{ids[0]}'] a[data-action=open]")
+    assert first.get_attribute("href") == f"#/jobs/{ids[0]}"
+
+    first.click()
+    page.wait_for_function("id => document.querySelector('#job-id').textContent === id",
+                           arg=ids[0])
+    assert page.url.endswith(f"/#/jobs/{ids[0]}")
+    page.wait_for_function(IMAGES_LOADED, arg=1)
+    page.go_back()
+    page.wait_for_function("id => document.querySelector('#job-id').textContent === id",
+                           arg=ids[1])
+    assert page.url.endswith(f"/#/jobs/{ids[1]}")
+    assert page.page_errors == []
+
+
+def test_a_succeeded_jobs_bars_are_full_and_marked_done(page):
+    open_page(page)
+    choose(page, "digits", ["3", "6"])
+    page.click("#submit")
+    page.wait_for_selector("#step-meter:not([hidden])")
+    page.wait_for_selector("#job-status.succeeded")
+    page.wait_for_function(IMAGES_LOADED, arg=2)
+
+    assert page.text_content("#done-text") == "2 of 2 done"
+    assert page.evaluate(FILLED, "#done-fill") == 100
+    assert page.get_attribute("#done-meter", "data-state") == "done"
+    # Workers report steps only between steps, so the last one seen was short of the end.
+    assert page.is_visible("#step-meter")
+    assert page.text_content("#step-text") == "done"
+    assert page.evaluate(FILLED, "#step-fill") == 100
+    assert page.get_attribute("#step-meter", "data-state") == "done"
+
+    # Opened again from its address, with no live steps to show, it still reads as done.
+    page.reload()
+    page.wait_for_function(IMAGES_LOADED, arg=2)
+    assert page.evaluate(FILLED, "#done-fill") == 100
+    assert page.get_attribute("#done-meter", "data-state") == "done"
+    assert page.page_errors == []
