@@ -195,11 +195,11 @@ def validate_input(spec: ModelSpec, raw: Any) -> TaskInput:
 class TextOutput(GeneratedText):
     """One text of a job's output: what its sub-request generated, and where."""
 
-    worker: str | None = None
+    worker: str | None = Field(None, description="The worker process that generated it")
 
 
 class ImageOutput(GeneratedImage):
     """One image of a job's output; `url` serves its PNG."""
 
-    url: str
-    worker: str | None = None
+    url: str = Field(description="Where its PNG is served (GET, same API key)")
+    worker: str | None = Field(None, description="The worker process that generated it")

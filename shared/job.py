@@ -35,10 +35,17 @@ class JobOptions(BaseModel):
     """Request fields beyond the task's input: delivery, priority, deadline."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    webhook: AnyHttpUrl | None = None
-    webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: ["completed"])
-    priority: int = Field(DEFAULT_PRIORITY, ge=0, le=MAX_PRIORITY, description="0 is highest")
-    deadline_seconds: float | None = Field(None, gt=0)
+    webhook: AnyHttpUrl | None = Field(None, description=(
+        "An http(s) URL that receives the job's events as signed POSTs (Standard Webhooks: "
+        "webhook-id, webhook-timestamp and webhook-signature headers)"))
+    webhook_events_filter: list[WebhookEvent] = Field(
+        default_factory=lambda: ["completed"],
+        description="Which events go to the webhook: start, progress, completed")
+    priority: int = Field(DEFAULT_PRIORITY, ge=0, le=MAX_PRIORITY,
+                          description="Queue priority, 0 (first) to 9 (last)")
+    deadline_seconds: float | None = Field(None, gt=0, description=(
+        "Seconds from submission after which the job fails with deadline_exceeded if it has "
+        "not finished; outputs not started by then are never run"))
 
 
 class JobMeta(JobOptions):
@@ -65,47 +72,57 @@ class JobRequest(JobOptions):
 
 
 class JobMetrics(BaseModel):
-    queue_seconds: float | None = None
-    run_seconds: float | None = None
+    queue_seconds: float | None = Field(None, description="From submission to its first "
+                                        "output starting on a worker")
+    run_seconds: float | None = Field(None, description="From its first output starting to "
+                                      "the job's end")
 
 
 class JobUrls(BaseModel):
-    get: str
-    cancel: str
-    events: str
+    get: str = Field(description="GET: the job")
+    cancel: str = Field(description="POST: cancel the job")
+    events: str = Field(description="GET: the job's live events (Server-Sent Events)")
 
 
 class WebhookDelivery(BaseModel):
     """One attempt to deliver one webhook event."""
 
-    webhook_id: str
-    event: WebhookEvent
-    attempt: int
-    status_code: int | None = None
-    error: str | None = None
-    at: datetime
+    webhook_id: str = Field(description="The delivery's webhook-id header, the same on "
+                            "every attempt of one event")
+    event: WebhookEvent = Field(description="The event delivered")
+    attempt: int = Field(description="1 for the first attempt")
+    status_code: int | None = Field(None, description="The receiver's answer, if any")
+    error: str | None = Field(None, description="Why the attempt failed, if it did")
+    at: datetime = Field(description="When the attempt was made")
 
 
 class Job(BaseModel):
-    id: str
-    task: str
-    model: str
-    status: JobStatus
-    input: dict[str, Any]
-    output: list[TextOutput | ImageOutput | None] | None = None
-    error: JobError | None = None
-    progress: Progress
-    created_at: datetime
-    started_at: datetime | None = None
-    completed_at: datetime | None = None
-    metrics: JobMetrics
-    urls: JobUrls
-    priority: int = DEFAULT_PRIORITY
-    deadline_seconds: float | None = None
-    webhook: str | None = None
-    webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: ["completed"])
-    webhook_deliveries: list[WebhookDelivery] = Field(default_factory=list)
+    """A job: what was asked, where it stands, and its outputs in the order of its prompts."""
+
+    id: str = Field(description="The job's id")
+    task: str = Field(description="text-generation or image-generation")
+    model: str = Field(description="The model that runs it")
+    status: JobStatus = Field(description=(
+        "queued, running, then one final status: succeeded, failed or canceled"))
+    input: dict[str, Any] = Field(description="The input as accepted, with its seed filled in")
+    output: list[TextOutput | ImageOutput | None] | None = Field(None, description=(
+        "One entry per output, in input order (for images: prompt by prompt, each prompt's "
+        "images together); null where an output is not finished or failed"))
+    error: JobError | None = Field(None, description="Why the job failed, once it has")
+    progress: Progress = Field(description="Outputs finished out of all")
+    created_at: datetime = Field(description="When the job was accepted")
+    started_at: datetime | None = Field(None, description="When its first output started")
+    completed_at: datetime | None = Field(None, description="When it reached a final status")
+    metrics: JobMetrics = Field(description="Time spent queued and running")
+    urls: JobUrls = Field(description="Links to act on the job")
+    priority: int = Field(DEFAULT_PRIORITY, description="Queue priority, 0 (first) to 9")
+    deadline_seconds: float | None = Field(None, description="The deadline it was given")
+    webhook: str | None = Field(None, description="Where its events are delivered")
+    webhook_events_filter: list[WebhookEvent] = Field(
+        default_factory=lambda: ["completed"], description="Which events are delivered")
+    webhook_deliveries: list[WebhookDelivery] = Field(
+        default_factory=list, description="Every delivery attempt so far, oldest first")
 
 
 class JobList(BaseModel):
-    jobs: list[Job]
+    jobs: list[Job] = Field(description="Most recent first")

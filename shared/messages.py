@@ -87,8 +87,9 @@ class CompletionKind(StrEnum):
 
 
 class JobError(BaseModel):
-    code: str
-    message: str
+    code: str = Field(description="A stable, machine-readable reason, such as model_error, "
+                      "deadline_exceeded, dead_lettered or time_limit_exceeded")
+    message: str = Field(description="What went wrong, for a person")
 
 
 class TextItem(BaseModel):
@@ -143,17 +144,19 @@ class SubRequest(Message):
 
 
 class GeneratedText(BaseModel):
-    text: str
-    finish_reason: FinishReason
-    tokens: int = Field(description="number of generated tokens")
+    text: str = Field(description="The generated text, without the prompt")
+    finish_reason: FinishReason = Field(description=(
+        "stop: the end-of-text token or a stop string; length: max_new_tokens reached; "
+        "canceled: the job was canceled while it generated"))
+    tokens: int = Field(description="Number of generated tokens")
 
 
 class GeneratedImage(BaseModel):
     """An image's description; its PNG bytes are stored beside the sub-result."""
 
-    seed: int
-    width: int
-    height: int
+    seed: int = Field(description="The seed this image was made with; it reproduces it")
+    width: int = Field(description="Width in pixels")
+    height: int = Field(description="Height in pixels")
 
 
 class SubResult(Message):
@@ -197,8 +200,9 @@ class CompletionEntry(BaseModel):
 
 
 class Progress(BaseModel):
-    done: int
-    total: int
+    done: int = Field(description="Outputs finished (succeeded or failed)")
+    total: int = Field(description="Outputs the job makes: one per prompt for text, prompts x "
+                       "num_images_per_prompt for images")
 
 
 class StepData(BaseModel):

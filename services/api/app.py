@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from services.api import errors
+from services.api import errors, openapi
 from services.api.body_limit import BodyLimitMiddleware
 from services.api.dispatch import Dispatcher
 from services.api.events import EventHub
@@ -20,7 +20,7 @@ from services.api.joiner import Joiner
 from services.api.lifecycle import Lifecycle
 from services.api.notify import Notifier
 from services.api.ratelimit import RateLimiter
-from services.api.routes import health, jobs, models, ui
+from services.api.routes import docs, health, jobs, models, ui
 from services.api.routes import metrics as metrics_route
 from services.api.submission import Submissions
 from services.api.supervisor import Supervised
@@ -31,6 +31,16 @@ from shared.jobstore import JobStore
 from shared.redis_client import connect
 from shared.registry import load_registry
 from shared.settings import get_settings
+
+DESCRIPTION = """Submit text and image generation jobs, follow them, fetch their outputs.
+
+A job holds one or many prompts; each becomes its own sub-request, batched with others on a
+worker, and the job's outputs come back in the order of its prompts. Submit with
+`POST /v1/jobs` (add `Prefer: wait=30` to get the finished job in the answer), then poll
+`GET /v1/jobs/{id}`, stream `GET /v1/jobs/{id}/events`, or receive a signed webhook.
+`GET /v1/models` lists each model's parameters with their ranges and defaults.
+
+When the deployment has API keys, send one as `Authorization: Bearer <key>`."""
 
 
 @contextlib.asynccontextmanager
@@ -69,7 +79,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="Fibermill", version="0.1.0", lifespan=lifespan)
+    # docs_url/redoc_url off: routes/docs.py serves both pages with local assets.
+    app = FastAPI(title="Fibermill", version="0.1.0", description=DESCRIPTION,
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware)  # outermost: counts 413s and 500s too
     errors.install(app)
@@ -78,6 +90,8 @@ def create_app() -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics_route.router)
     app.include_router(ui.router)
+    app.include_router(docs.router)
+    openapi.install(app)
     return app
 
 

@@ -33,7 +33,7 @@ class ModelInfo(BaseModel):
 
 
 class ModelList(BaseModel):
-    models: list[ModelInfo]
+    models: list[ModelInfo] = Field(description="By name")
 
 
 def describe(spec: ModelSpec, workers: list[WorkerHeartbeat]) -> ModelInfo:

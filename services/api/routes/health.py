@@ -21,7 +21,12 @@ async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {
+    "description": "Not ready: draining, a background loop restarting, Redis unreachable, or "
+                   "no live worker",
+    "content": {"application/json": {"example": {"status": "unready",
+                                                 "reason": "no live worker", "workers": 0}}},
+}})
 async def readyz(request: Request) -> JSONResponse:
     """200 when this replica should get traffic: not draining (SIGTERM seen, see
     services/api/serve.py), its background loops running, Redis answers, and a worker is live

@@ -20,6 +20,7 @@ from services.api.deps import (
 )
 from services.api.envelope import envelope
 from services.api.events import job_events
+from services.api.openapi import JOB_EXAMPLES, errors
 from services.api.ratelimit import bucket_key
 from services.api.watchers import TooManyWatches
 from shared.errors import OutputNotFound
@@ -32,10 +33,13 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authe
     "",
     status_code=202,
     response_model=Job,
-    responses={200: {"description": "final within `Prefer: wait`, or an Idempotency-Key replay"}},
+    responses={200: {"model": Job, "description": "The job is final within `Prefer: wait`, "
+                     "or an Idempotency-Key replayed an earlier job"},
+               202: {"description": "Accepted: the job is queued (or running)"},
+               **errors(401, 409, 413, 422, 429, 503)},
 )
 async def create_job(
-    req: Annotated[JobRequest, Body()],
+    req: Annotated[JobRequest, Body(openapi_examples=JOB_EXAMPLES)],
     response: Response,
     principal: PrincipalDep,
     limiter: RateLimiterDep,
@@ -44,6 +48,9 @@ async def create_job(
     settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> Job:
+    """Accept a job; its sub-requests are queued at once. Headers: `Idempotency-Key` makes
+    a retry return the first job instead of a second one; `Prefer: wait=N` holds the answer
+    up to N seconds for the job to finish."""
     await limiter.check(principal)
     done = await submissions.submit(req, principal, idempotency_key)
     rec = await prefer_wait.apply(done.job, response)
@@ -53,7 +60,7 @@ async def create_job(
     return envelope(rec, settings.public_url)
 
 
-@router.get("", response_model=JobList)
+@router.get("", response_model=JobList, responses=errors(401, 422))
 async def list_jobs(
     principal: PrincipalDep,
     store: JobStoreDep,
@@ -65,17 +72,24 @@ async def list_jobs(
     return JobList(jobs=[envelope(r, settings.public_url) for r in recs])
 
 
-@router.get("/{job_id}", response_model=Job)
+@router.get("/{job_id}", response_model=Job, responses=errors(401, 404))
 async def get_job(job: JobDep, settings: SettingsDep) -> Job:
+    """The job, with its outputs so far."""
     return envelope(job, settings.public_url)
 
 
-@router.post("/{job_id}/cancel", response_model=Job)
+@router.post("/{job_id}/cancel", response_model=Job, responses=errors(401, 404))
 async def cancel_job(job: JobDep, lifecycle: LifecycleDep, settings: SettingsDep) -> Job:
+    """Cancel the job: outputs not finished stop at their next step. A final job is returned
+    as it is."""
     return envelope(await lifecycle.cancel(job), settings.public_url)
 
 
-@router.get("/{job_id}/events", response_class=EventSourceResponse)
+@router.get("/{job_id}/events", response_class=EventSourceResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": (
+                "Server-Sent Events: `status` (the job), `progress` ({done, total}), `step` "
+                "({index, step, steps}) while outputs run; ends after the final status")},
+                       **errors(401, 404, 429)})
 async def stream_events(
     request: Request, job: JobDep, hub: EventHubDep, store: JobStoreDep, settings: SettingsDep,
     watchers: WatchersDep, principal: PrincipalDep,
@@ -105,7 +119,9 @@ def _json(data: dict) -> str:
 
 @router.get(
     "/{job_id}/outputs/{index}",
-    responses={200: {"content": {"image/png": {}, "application/json": {}}}},
+    responses={200: {"content": {"image/png": {}, "application/json": {}}, "description": (
+        "An image output as PNG; a text output as JSON ({\"output\": {text, finish_reason, "
+        "tokens}})")}, **errors(401, 404, 422)},
 )
 async def get_output(job: JobDep, index: int, store: JobStoreDep) -> Response:
     if not 0 <= index < job.total:

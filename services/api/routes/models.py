@@ -5,12 +5,13 @@ from fastapi import APIRouter, Depends, Request
 from services.api.auth import authenticate
 from services.api.deps import RegistryDep
 from services.api.model_info import ModelList, describe
+from services.api.openapi import errors
 from shared.workers import live_workers
 
 router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(authenticate)])
 
 
-@router.get("", response_model=ModelList)
+@router.get("", response_model=ModelList, responses=errors(401))
 async def list_models(registry: RegistryDep, request: Request) -> ModelList:
     """Every model this deployment knows, with the parameters each one takes."""
     workers = await live_workers(request.app.state.redis)
