@@ -53,6 +53,9 @@ class JobMeta(JobOptions):
 
     owner: str | None = None  # the id of the API key that submitted the job
     idempotency_key: str | None = None
+    # The base URL the job was submitted to: its links start there unless FIBERMILL_PUBLIC_URL
+    # says otherwise.
+    base_url: str | None = None
 
     def wants(self, event: WebhookEvent) -> bool:
         return self.webhook is not None and event in self.webhook_events_filter

@@ -1,20 +1,21 @@
 """Assemble a job's output from its sub-results, in input order."""
 
-from services.api.envelope import output_url
+from services.api.envelope import base_url, output_url
 from shared.inputs import ImageOutput, TextOutput
 from shared.jobstore import JobRecord
 from shared.messages import GeneratedImage, JobError, SubResult
 
 
 def assemble(rec: JobRecord, results: dict[int, SubResult],
-             base_url: str) -> list[TextOutput | ImageOutput | None]:
+             public_url: str) -> list[TextOutput | ImageOutput | None]:
+    base = base_url(rec, public_url)
     out: list[TextOutput | ImageOutput | None] = []
     for i in range(rec.total):
         r = results.get(i)
         if r is None or r.output is None:
             out.append(None)
         elif isinstance(r.output, GeneratedImage):
-            out.append(ImageOutput(url=output_url(base_url, rec.id, i), worker=r.worker,
+            out.append(ImageOutput(url=output_url(base, rec.id, i), worker=r.worker,
                                    **r.output.model_dump()))
         else:
             out.append(TextOutput(worker=r.worker, **r.output.model_dump()))

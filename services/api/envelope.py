@@ -18,13 +18,19 @@ def output_url(base: str, job_id: str, index: int) -> str:
     return f"{base}{job_path(job_id)}/outputs/{index}"
 
 
-def envelope(rec: JobRecord, base_url: str = "") -> Job:
+def base_url(rec: JobRecord, public_url: str) -> str:
+    """Where the job's links start: FIBERMILL_PUBLIC_URL when set, else the base URL of the
+    request that submitted it, so a webhook receiver gets links it can follow."""
+    return public_url.rstrip("/") or (rec.meta.base_url or "")
+
+
+def envelope(rec: JobRecord, public_url: str = "") -> Job:
     metrics = JobMetrics()
     if rec.started_at is not None:
         metrics.queue_seconds = round(rec.started_at - rec.created_at, 6)
         if rec.completed_at is not None:
             metrics.run_seconds = round(rec.completed_at - rec.started_at, 6)
-    path = base_url + job_path(rec.id)
+    path = base_url(rec, public_url) + job_path(rec.id)
     return Job(
         id=rec.id,
         task=rec.task,

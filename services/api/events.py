@@ -238,7 +238,7 @@ async def job_events(
     hub: EventHub,
     store: JobStore,
     job_id: str,
-    base_url: str,
+    public_url: str,
     stop: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[tuple[str, dict]]:
     """Yield (event, data) pairs: `status` (the whole job) on every status change, `progress`
@@ -246,7 +246,7 @@ async def job_events(
     `stop()` (checked at least once a second) says this replica is draining."""
     async with hub.listen(job_id, live=True) as listener:  # before reading: nothing slips by
         rec = await store.get(job_id)
-        yield "status", _status(rec, base_url)
+        yield "status", _status(rec, public_url)
         status, done = rec.status, rec.done
         while not rec.final and not stop():
             item = await listener.next(timeout=POLL_SECONDS)
@@ -261,7 +261,7 @@ async def job_events(
                 yield "progress", {"done": rec.done, "total": rec.total}
             if rec.status != status:
                 status = rec.status
-                yield "status", _status(rec, base_url)
+                yield "status", _status(rec, public_url)
 
 
 async def wait_final(
@@ -281,5 +281,5 @@ async def wait_final(
         return rec
 
 
-def _status(rec: JobRecord, base_url: str) -> dict:
-    return envelope(rec, base_url).model_dump(mode="json")
+def _status(rec: JobRecord, public_url: str) -> dict:
+    return envelope(rec, public_url).model_dump(mode="json")

@@ -15,10 +15,10 @@ log = logging.getLogger(__name__)
 
 
 class Lifecycle:
-    def __init__(self, store: JobStore, notifier: Notifier, base_url: str) -> None:
+    def __init__(self, store: JobStore, notifier: Notifier, public_url: str) -> None:
         self.store = store
         self.notifier = notifier
-        self.base_url = base_url
+        self.public_url = public_url
 
     async def finish(self, rec: JobRecord, status: JobStatus, error: JobError | None = None,
                      results: dict[int, SubResult] | None = None) -> bool:
@@ -33,7 +33,7 @@ class Lifecycle:
         if results is None:
             results = await self.store.results(rec.id)
         output = [o.model_dump(mode="json") if o else None
-                  for o in assemble(rec, results, self.base_url)]
+                  for o in assemble(rec, results, self.public_url)]
         final = await self.store.finalize_record(rec.id, status, output, error, rec=rec,
                                                  all_results=len(results) >= rec.total)
         if final is None:

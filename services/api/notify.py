@@ -16,18 +16,18 @@ from shared.messages import Progress, ProgressEvent, StatusEvent
 
 
 class Notifier:
-    def __init__(self, redis: aioredis.Redis, outbox: Outbox, base_url: str,
+    def __init__(self, redis: aioredis.Redis, outbox: Outbox, public_url: str,
                  hub: EventHub | None = None) -> None:
         self.redis = redis
         self.outbox = outbox
-        self.base_url = base_url
+        self.public_url = public_url
         self.hub = hub
 
     async def publish(self, job_id: str, event: StatusEvent | ProgressEvent) -> None:
         await self.redis.publish(names.events_channel(job_id), event.encode())
 
     async def status(self, rec: JobRecord) -> None:
-        data = envelope(rec, self.base_url).model_dump(mode="json")
+        data = envelope(rec, self.public_url).model_dump(mode="json")
         await self.publish(rec.id, StatusEvent(data=data))
 
     async def started(self, rec: JobRecord) -> None:

@@ -14,7 +14,7 @@ from services.api.webhooks.ssrf import check_webhook_url
 from shared.errors import InvalidInput, Problem
 from shared.inputs import TaskInput, validate_input
 from shared.job import JobMeta, JobOptions, JobRequest, JobStatus
-from shared.jobstore import Enqueue, JobRecord, JobStore
+from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry, ModelSpec
 from shared.settings import Settings
 
@@ -45,7 +45,8 @@ class Submissions:
         self.depths = QueueDepths(redis, settings)
 
     async def submit(
-        self, req: JobRequest, principal: Principal, idempotency_key: str | None
+        self, req: JobRequest, principal: Principal, idempotency_key: str | None,
+        base_url: str | None = None,
     ) -> Submitted:
         spec, inp = await self._check(req, idempotency_key)
         # Of the body as sent (its task filled in, so leaving it out means the same), before a
@@ -65,8 +66,11 @@ class Submissions:
             await self.depths.check(spec, len(subs))
             # Stored and sent in one step: a job is never left half-sent.
             enqueue = self.dispatcher.messages(subs, req.priority) if subs else None
-            rec = await self._create(req, probe, len(subs), principal, idempotency_key,
-                                     enqueue)
+            meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
+                           owner=principal.key_id, idempotency_key=idempotency_key,
+                           base_url=base_url)
+            rec = await self.store.create(probe.id, probe.task, probe.model, probe.input,
+                                          len(subs), meta, enqueue)
         # Counted once the job exists (it will reach a final status and be counted finished):
         # an Idempotency-Key replay is not a new job.
         metrics.JOBS_SUBMITTED.labels(spec.task, spec.name).inc()
@@ -110,20 +114,6 @@ class Submissions:
         if problems or spec is None or inp is None:
             raise InvalidInput.of(problems)
         return spec, inp
-
-    async def _create(
-        self,
-        req: JobRequest,
-        probe: JobRecord,
-        total: int,
-        principal: Principal,
-        idempotency_key: str | None,
-        enqueue: Enqueue | None,
-    ) -> JobRecord:
-        meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
-                       owner=principal.key_id, idempotency_key=idempotency_key)
-        return await self.store.create(probe.id, probe.task, probe.model, probe.input, total,
-                                       meta, enqueue)
 
 
 def _choose_seed(inp: TaskInput) -> None:

@@ -114,7 +114,7 @@ def test_accepted_job_is_split_and_enqueued(client, redis_url):
     assert resp.status_code == 202, resp.text
     job = resp.json()
     assert job["status"] == "queued" and job["progress"] == {"done": 0, "total": 4}
-    assert job["urls"]["get"] == f"/v1/jobs/{job['id']}"
+    assert job["urls"]["get"] == f"http://testserver/v1/jobs/{job['id']}"
     assert queued(redis_url, "digits") == 4
     assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
     assert client.get("/v1/jobs/nope").status_code == 404

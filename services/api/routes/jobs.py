@@ -40,6 +40,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authe
 )
 async def create_job(
     req: Annotated[JobRequest, Body(openapi_examples=JOB_EXAMPLES)],
+    request: Request,
     response: Response,
     principal: PrincipalDep,
     limiter: RateLimiterDep,
@@ -52,12 +53,14 @@ async def create_job(
     a retry return the first job instead of a second one; `Prefer: wait=N` holds the answer
     up to N seconds for the job to finish."""
     await limiter.check(principal)
-    done = await submissions.submit(req, principal, idempotency_key)
+    done = await submissions.submit(req, principal, idempotency_key,
+                                    str(request.base_url).rstrip("/"))
     rec = await prefer_wait.apply(done.job, response)
     if rec.final or not done.created:
         response.status_code = 200
-    response.headers["Location"] = f"/v1/jobs/{rec.id}"
-    return envelope(rec, settings.public_url)
+    job = envelope(rec, settings.public_url)
+    response.headers["Location"] = job.urls.get
+    return job
 
 
 @router.get("", response_model=JobList, responses=errors(401, 422))
