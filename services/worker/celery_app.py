@@ -17,6 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.worker.exits import ExitReason, exit_worker
 from services.worker.metrics_server import serve_metrics
+from services.worker.quiet import quiet_libraries
 from services.worker.runtime import WorkerRuntime
 from shared.celery_config import make_celery
 from shared.messages import SubRequest
@@ -26,6 +27,7 @@ from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
 
+quiet_libraries()  # before the models load, which imports transformers and diffusers
 app = make_celery(get_settings(), name="fibermill-worker")
 _runtime: WorkerRuntime | None = None
 

@@ -84,6 +84,8 @@ def command(settings: Settings, slot: Slot, name: str) -> list[str]:
         sys.executable,
         "-m",
         "celery",
+        # No banner: the worker logs what it loaded and serves, one line each.
+        *([] if os.environ.get("FIBERMILL_LOG_LEVEL", "INFO") == "DEBUG" else ["--quiet"]),
         "-A",
         "services.worker.celery_app",
         "worker",

@@ -135,8 +135,11 @@ class WorkerRuntime:
             self.loop.call_soon_threadsafe(self._watch_drain, deadline)
 
     def _watch_drain(self, deadline: float) -> None:
-        log.warning("draining: finishing %d sub-request(s), handing back what is left in %.0fs",
-                    len(self.flights), self.settings.drain_seconds)
+        if self.flights:
+            log.warning("draining: finishing %d sub-request(s), handing back what is left in "
+                        "%.0fs", len(self.flights), self.settings.drain_seconds)
+        else:
+            log.info("draining: nothing in flight")
         self._background.append(asyncio.create_task(self.drainer.watch(deadline), name="drain"))
 
     def call(self, coro):

@@ -13,6 +13,9 @@ def build_pipeline(spec: ModelSpec, device: torch.device) -> Pipeline:
 
         return CausalLMTextPipeline(spec, device)
     from services.worker.pipelines import image
+    from services.worker.quiet import quiet_diffusers
+
+    quiet_diffusers()
 
     classes = {
         ModelKind.STABLE_DIFFUSION: image.StableDiffusionImagePipeline,
