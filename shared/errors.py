@@ -109,6 +109,12 @@ class DeadlineExceeded(FibermillError):
     code = "deadline_exceeded"
 
 
+class ModelFilesMissing(FibermillError):
+    """A registry entry whose model folder does not exist on this worker."""
+
+    code = "model_files_missing"
+
+
 class ModelError(FibermillError):
     """A model raised while running a sub-request."""
 

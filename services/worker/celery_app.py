@@ -20,6 +20,7 @@ from services.worker.metrics_server import serve_metrics
 from services.worker.quiet import quiet_libraries
 from services.worker.runtime import WorkerRuntime
 from shared.celery_config import make_celery
+from shared.errors import ModelFilesMissing
 from shared.messages import SubRequest
 from shared.names import RUN_SUBREQUEST_TASK
 from shared.registry import load_registry
@@ -39,6 +40,9 @@ def _load(**_) -> None:
     try:
         _runtime = WorkerRuntime(settings, load_registry(settings.model_registry), app)
         _runtime.start()
+    except ModelFilesMissing as exc:
+        log.critical("worker cannot start: %s", exc)
+        exit_worker(ExitReason.MODELS_FAILED_TO_LOAD)
     except Exception:
         # Celery would log this and go on consuming with no models; a worker that cannot
         # load what it serves must exit instead (the launcher or Kubernetes restarts it).

@@ -3,10 +3,16 @@
 import torch
 
 from services.worker.pipelines.base import Pipeline
+from shared.errors import ModelFilesMissing
 from shared.registry import ModelKind, ModelSpec
 
 
 def build_pipeline(spec: ModelSpec, device: torch.device) -> Pipeline:
+    if not spec.path.is_dir():
+        # Said before any library tries the folder name as a model hub id.
+        raise ModelFilesMissing(
+            f"model {spec.name}: {spec.path} does not exist (the registry's `path`); "
+            "`make models` builds the demo and test models")
     # Imported here so that a worker serving only text models never imports diffusers.
     if spec.kind == ModelKind.CAUSAL_LM:
         from services.worker.pipelines.text import CausalLMTextPipeline
