@@ -1,6 +1,7 @@
 """A worker's start prints what its operator needs (what it loaded, what it serves, that it is
 ready), not the libraries' advice and progress bars."""
 
+import logging
 import os
 import warnings
 
@@ -21,6 +22,10 @@ def quiet_libraries() -> None:
     # its refusal case (pickle accepted) cannot arise: tasks are JSON only.
     warnings.filterwarnings("ignore", category=SecurityWarning,
                             message=r"You're running the worker with superuser privileges")
+    # A line per task received and per task succeeded is chatter at thousands of tasks a
+    # second (and CPU on the hot path); failures are still logged, at ERROR.
+    for name in ("celery.worker.strategy", "celery.app.trace"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def quiet_diffusers() -> None:

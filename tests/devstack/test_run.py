@@ -2,6 +2,7 @@
 saying so, the worker metrics address it really uses, a quiet start, and a second run on the
 same state refused instead of taking the first one over."""
 
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from services.devstack.redis_server import free_port
 
 READY = "Ctrl-C stops everything."
 NOISE = ["superuser privileges", "torchvision", "Loading pipeline components", "Loading weights",
-         "[queues]", "WARNING", "Traceback"]
+         "[queues]", "WARNING", "Traceback", "Task fibermill.run_subrequest"]
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -73,6 +74,12 @@ def test_a_local_run_is_local_says_so_starts_quietly_and_refuses_a_second_run(
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
             assert b"fibermill_" in r.read()
         assert [n for n in NOISE if n in banner] == []
+        job = urllib.request.Request(
+            f"http://127.0.0.1:{api_port}/v1/jobs", method="POST", headers={
+                "Content-Type": "application/json", "Prefer": "wait=60"},
+            data=json.dumps({"model": "tiny-gpt2", "input": {"prompts": ["hi"]}}).encode())
+        with urllib.request.urlopen(job, timeout=90) as r:
+            assert json.loads(r.read())["status"] == "succeeded"
 
         second_log = tmp_path / "second.log"
         second = _start({**runner_env, "FIBERMILL_API_PORT": str(free_port())}, second_log)
