@@ -18,6 +18,7 @@ their own seeded stream: a row's tokens do not depend on its neighbours or on wh
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -113,7 +114,9 @@ class Decoder:
         self.rounds = 0  # stop-hook rounds so far (one per prefill or decode step)
         self.on_start: OnStart | None = None
         self._task: asyncio.Task | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        # Set by every pump (an arrival, a withdrawal, an announced arrival that will not
+        # come): ends a burst wait at once instead of polling for it.
+        self._woken = asyncio.Event()
 
     # Event loop side -----------------------------------------------------------------------
 
@@ -131,6 +134,7 @@ class Decoder:
         """Make sure the loop runs while there is work; called on arrivals, departures and
         withdrawals."""
         self._withdraw()
+        self._woken.set()
         if (self._task is None or self._task.done()) and self.waiting:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -168,7 +172,9 @@ class Decoder:
         wait = self.waiting[0].arrived + self.max_wait_s - time.monotonic()
         if wait <= 0:
             return True
-        await asyncio.sleep(min(wait, 0.001))
+        self._woken.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._woken.wait(), wait)
         return False
 
     def _admissible(self) -> list[Waiting]:
