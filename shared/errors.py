@@ -129,3 +129,39 @@ class DeadLettered(FibermillError):
 
 class TimeLimitExceeded(FibermillError):
     code = "time_limit_exceeded"
+
+
+class BlobNotFound(OutputNotFound):
+    """No object under this key in the blob store (shared/blobstore): never written, deleted,
+    or swept after its time to live."""
+
+    code = "not_found"
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"blob {key} not found")
+        self.key = key
+
+
+class InvalidBlobKey(FibermillError):
+    """A blob store key that every backend cannot hold the same way: empty, absolute, with an
+    empty, `.` or `..` segment, a segment that starts with `.`, or a character outside the safe
+    set. Keys are built by Fibermill itself, so this is a bug, not a client's mistake."""
+
+    code = "invalid_blob_key"
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"invalid blob key {key!r}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class BlobStoreUnavailable(ServiceUnavailable):
+    """The blob store could not be reached, or refused, after the client's own retries: says
+    which store, which operation (and key), and what went wrong."""
+
+    def __init__(self, store: str, operation: str, detail: str, key: str | None = None) -> None:
+        what = f"{operation} {key}" if key else operation
+        super().__init__(f"blob store {store} unavailable: {what} failed: {detail}")
+        self.store = store
+        self.operation = operation
+        self.key = key

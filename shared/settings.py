@@ -2,8 +2,9 @@
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +90,34 @@ class Settings(BaseSettings):
     webhook_backoff_base_seconds: float = Field(1.0, gt=0)  # doubles per attempt, full jitter
     webhook_backoff_cap_seconds: float = Field(300.0, gt=0)
 
+    # Blob store for outputs and files (shared/blobstore). "local": files under blob_dir (in
+    # deploy/k8s a PersistentVolume mounted by the API and every worker); "s3": a bucket on any
+    # S3-compatible server (MinIO, Ceph, GCS interoperability, AWS).
+    blob_backend: Literal["local", "s3"] = "local"
+    blob_dir: Path = REPO_ROOT / "run" / "blobs"
+    # S3: the endpoint (empty: AWS's own for s3_region), the bucket (needed with "s3") and the
+    # credentials (unset: botocore's own chain: AWS_* variables, profile, pod or instance role).
+    s3_endpoint_url: str = ""
+    s3_bucket: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+    # The endpoint that presigned URLs name, when readers reach the store at another address
+    # than the API does (an in-cluster MinIO Service behind an ingress); empty: s3_endpoint_url.
+    s3_presign_endpoint_url: str = ""
+    s3_create_bucket: bool = False  # create the bucket at first use when missing (MinIO in dev)
+    # Each blob store request's connect and read timeout, and its attempts in all (the S3
+    # client's standard retry mode, with backoff) before the operation fails with
+    # BlobStoreUnavailable. The local store's ping has the same timeout.
+    blob_timeout_seconds: float = Field(10.0, gt=0)
+    blob_max_attempts: int = Field(3, ge=1)
+    # GET of an output answers with a redirect to a presigned URL of the store instead of the
+    # bytes (backends that have them: s3), valid this long.
+    blob_presigned_redirect: bool = False
+    blob_url_expires_seconds: int = Field(900, ge=1, le=7 * 24 * 3600)
+    # How long outputs are kept in the blob store after their job finished.
+    output_ttl_seconds: int = Field(7 * 24 * 3600, ge=60)
+
     @model_validator(mode="after")
     def _visibility_above_time_limit(self) -> "Settings":
         # The broker must not redeliver a sub-request that is still legitimately running.
@@ -99,6 +128,12 @@ class Settings(BaseSettings):
             )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
+        return self
+
+    @model_validator(mode="after")
+    def _s3_needs_bucket(self) -> "Settings":
+        if self.blob_backend == "s3" and not self.s3_bucket:
+            raise ValueError("blob_backend s3 needs s3_bucket (FIBERMILL_S3_BUCKET)")
         return self
 
     @property

@@ -1,0 +1,258 @@
+"""The S3-compatible backend (MinIO, Ceph, GCS interoperability, AWS) on aiobotocore.
+
+One client per store, made at first use and closed by close(). Retries are botocore's own
+(standard mode: backoff with jitter, a retry quota), bounded by `max_attempts` attempts in all,
+each with `timeout` to connect and to read; what still fails becomes BlobStoreUnavailable,
+naming the endpoint, the bucket and the operation. Path-style addressing
+(`{endpoint}/{bucket}/{key}`), which MinIO and most self-hosted servers need, and checksums only
+where an operation requires them (botocore's newer default, CRC trailers on every upload, is
+refused by several S3-compatible servers).
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, contextmanager
+from typing import Any
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.handlers import add_expect_header
+
+from shared.blobstore.base import BlobStore
+from shared.blobstore.blob import CHUNK_SIZE, Blob
+from shared.errors import BlobNotFound, BlobStoreUnavailable
+
+DELETE_CONCURRENCY = 16
+# Connections one store keeps to the server. An opened Blob holds one until it is read to the
+# end or closed, and a further request waits for a free one with no timeout.
+MAX_CONNECTIONS = 64
+# The slowest upload a put is allowed before it is given up (see _put).
+MIN_UPLOAD_BYTES_PER_SECOND = 1024 * 1024
+_TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, OSError)  # OSError: TimeoutError too
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code") or "")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        message = exc.response.get("Error", {}).get("Message") or ""
+        return f"{_code(exc) or 'error'} (HTTP {_status(exc)}){': ' + message if message else ''}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class S3BlobStore(BlobStore):
+    """A bucket on an S3-compatible server; `url()` gives presigned GET URLs."""
+
+    backend = "s3"
+
+    def __init__(self, *, bucket: str, endpoint_url: str | None = None,
+                 region: str = "us-east-1", access_key_id: str | None = None,
+                 secret_access_key: str | None = None, presign_endpoint_url: str | None = None,
+                 create_bucket: bool = False, timeout: float = 10.0, max_attempts: int = 3,
+                 chunk_size: int = CHUNK_SIZE, max_connections: int = MAX_CONNECTIONS,
+                 min_upload_bytes_per_second: float = MIN_UPLOAD_BYTES_PER_SECOND) -> None:
+        super().__init__()
+        if not bucket:
+            raise ValueError("an S3 blob store needs a bucket")
+        self.bucket = bucket
+        self.endpoint_url = endpoint_url or None
+        self.presign_endpoint_url = presign_endpoint_url or None
+        self.region = region
+        self.create_bucket = create_bucket
+        self.chunk_size = chunk_size
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.min_upload_bytes_per_second = min_upload_bytes_per_second
+        self._credentials = {"aws_access_key_id": access_key_id,
+                             "aws_secret_access_key": secret_access_key}
+        self._config = AioConfig(
+            connect_timeout=timeout,
+            read_timeout=timeout,
+            max_pool_connections=max_connections,
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            s3={"addressing_style": "path"},
+            signature_version="s3v4",
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self._stack = AsyncExitStack()
+        self._client: Any = None
+        self._presigner: Any = None
+        self._bucket_ready = not create_bucket
+        self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def location(self) -> str:
+        return f"s3 {self.endpoint_url or 'aws:' + self.region}/{self.bucket}"
+
+    async def _make_client(self, endpoint_url: str | None) -> Any:
+        session = get_session()
+        client = await self._stack.enter_async_context(session.create_client(
+            "s3", endpoint_url=endpoint_url, region_name=self.region, config=self._config,
+            **self._credentials))
+        # No `Expect: 100-continue` on uploads: aiohttp waits for the interim answer with no
+        # timeout at all, so a server that accepts the connection and hangs would hang every
+        # put forever (read_timeout only starts once the body is sent).
+        client.meta.events.unregister("before-call.s3", add_expect_header)
+        return client
+
+    def _check_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError(
+                f"blob store {self.location} is used from another event loop than the one "
+                "that opened it: make one store per event loop")
+
+    async def _get_client(self, operation: str, key: str | None = None) -> Any:
+        """The client, made on first use; with create_bucket, the bucket too (made once)."""
+        self._check_loop()
+        if self._client is not None and self._bucket_ready:
+            return self._client
+        async with self._lock:
+            with self._errors(operation, key):
+                if self._client is None:
+                    self._client = await self._make_client(self.endpoint_url)
+                if not self._bucket_ready:
+                    await self._ensure_bucket(self._client)
+                    self._bucket_ready = True
+        return self._client
+
+    async def _ensure_bucket(self, client: Any) -> None:
+        try:
+            await client.head_bucket(Bucket=self.bucket)
+            return
+        except ClientError as exc:
+            if _status(exc) != 404:
+                raise
+        extra = ({} if self.region == "us-east-1" else
+                 {"CreateBucketConfiguration": {"LocationConstraint": self.region}})
+        try:
+            await client.create_bucket(Bucket=self.bucket, **extra)
+        except ClientError as exc:
+            if _code(exc) != "BucketAlreadyOwnedByYou":  # another process made it just now
+                raise
+
+    @contextmanager
+    def _errors(self, operation: str, key: str | None = None) -> Iterator[None]:
+        """The client's errors in domain terms: a missing object is BlobNotFound (for open),
+        everything else that reached here has used up its retries."""
+        try:
+            yield
+        except ClientError as exc:
+            if operation == "open" and key is not None and (
+                    _code(exc) in ("NoSuchKey", "404") or _status(exc) == 404):
+                raise BlobNotFound(key) from None
+            raise BlobStoreUnavailable(self.location, operation, _describe(exc), key) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise BlobStoreUnavailable(self.location, operation, _describe(exc), key) from exc
+
+    def put_deadline(self, size: int) -> float:
+        """The longest a put of `size` bytes may take, retries included. Reads are bounded by
+        the read timeout, but nothing in aiohttp bounds sending a body to a server that stopped
+        reading: each attempt gets two timeouts plus the body at the slowest allowed rate, and
+        one second in all for the backoff between attempts."""
+        per_attempt = 2 * self.timeout + size / self.min_upload_bytes_per_second
+        return self.max_attempts * per_attempt + 1.0
+
+    async def _put(self, key: str, data: bytes, content_type: str) -> None:
+        client = await self._get_client("put", key)
+        deadline = self.put_deadline(len(data))
+        try:
+            async with asyncio.timeout(deadline):
+                with self._errors("put", key):
+                    await client.put_object(Bucket=self.bucket, Key=key, Body=data,
+                                            ContentType=content_type)
+        except TimeoutError as exc:
+            raise BlobStoreUnavailable(
+                self.location, "put", f"not done in {deadline:.1f}s (the upload stalled)", key,
+            ) from exc
+
+    async def _open(self, key: str) -> Blob:
+        client = await self._get_client("open", key)
+        with self._errors("open", key):
+            response = await client.get_object(Bucket=self.bucket, Key=key)
+        body = response["Body"]
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with self._errors("read", key):
+                async for chunk in body.iter_chunks(self.chunk_size):
+                    yield chunk
+
+        async def close() -> None:
+            body.close()
+
+        return Blob(key, response.get("ContentType") or "application/octet-stream",
+                    int(response["ContentLength"]), chunks(), close, backend=self.backend)
+
+    async def _delete(self, keys: list[str]) -> None:
+        # One DeleteObject per key (a few at a time), not DeleteObjects: GCS's interoperability
+        # API has no multi-object delete. Deleting a missing key succeeds.
+        client = await self._get_client("delete")
+        limit = asyncio.Semaphore(DELETE_CONCURRENCY)
+
+        async def delete_one(key: str) -> None:
+            async with limit:
+                with self._errors("delete", key):
+                    await client.delete_object(Bucket=self.bucket, Key=key)
+
+        results = await asyncio.gather(*(delete_one(k) for k in keys), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _url(self, key: str, expires_seconds: int) -> str | None:
+        presigner = await self._get_presigner(key)
+        with self._errors("url", key):
+            return await presigner.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key},
+                ExpiresIn=expires_seconds)
+
+    async def _get_presigner(self, key: str) -> Any:
+        """The client that signs URLs: the main one, or one for presign_endpoint_url. Signing
+        needs no network, so neither the store nor the bucket is checked."""
+        self._check_loop()
+        if self._presigner is None:
+            async with self._lock:
+                if self._presigner is None:
+                    with self._errors("url", key):
+                        if self.presign_endpoint_url:
+                            self._presigner = await self._make_client(self.presign_endpoint_url)
+                        else:
+                            if self._client is None:
+                                self._client = await self._make_client(self.endpoint_url)
+                            self._presigner = self._client
+        return self._presigner
+
+    async def _ping(self) -> None:
+        client = await self._get_client("ping")
+        with self._errors("ping"):
+            await client.head_bucket(Bucket=self.bucket)
+
+    async def _keys(self, prefix: str) -> AsyncIterator[str]:
+        client = await self._get_client("keys")
+        paginator = client.get_paginator("list_objects_v2")
+        with self._errors("keys"):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", ()):
+                    yield item["Key"]
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._client = self._presigner = None
+            self._bucket_ready = not self.create_bucket
+            stack, self._stack = self._stack, AsyncExitStack()
+            await stack.aclose()
+        # Free to be used again, from any event loop.
+        self._lock = asyncio.Lock()
+        self._loop = None
