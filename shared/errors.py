@@ -159,6 +159,8 @@ class BlobStoreUnavailable(ServiceUnavailable):
     """The blob store could not be reached, or refused, after the client's own retries: says
     which store, which operation (and key), and what went wrong."""
 
+    code = "blob_store_unavailable"
+
     def __init__(self, store: str, operation: str, detail: str, key: str | None = None) -> None:
         what = f"{operation} {key}" if key else operation
         super().__init__(f"blob store {store} unavailable: {what} failed: {detail}")

@@ -283,7 +283,7 @@ class JobStore:
 
     # Sub-results ----------------------------------------------------------------------------
 
-    async def store_result(self, job_id: str, result: SubResult, blob: bytes | None = None,
+    async def store_result(self, job_id: str, result: SubResult,
                            model: str | None = None) -> int:
         """Write a sub-result once per (job, index): 1 written, 0 duplicate, -1 gone, -2 final.
         The writer's lease on it (`result.worker`) is released in the same step. `model`, the
@@ -303,7 +303,7 @@ class JobStore:
             args=[
                 result.index,
                 result.model_dump_json(),
-                blob or b"",
+                "",
                 job_id,
                 int(result.ok),
                 "",
@@ -326,7 +326,13 @@ class JobStore:
     async def has_result(self, job_id: str, index: int) -> bool:
         return bool(await self.redis.hexists(names.results_key(job_id), index))
 
+    async def result(self, job_id: str, index: int) -> SubResult | None:
+        raw = await self.redis.hget(names.results_key(job_id), index)
+        return SubResult.model_validate_json(raw) if raw is not None else None
+
     async def blob(self, job_id: str, index: int) -> bytes | None:
+        """An image stored in Redis beside its job, as outputs were before the blob store:
+        read for jobs finished before an upgrade, until they expire."""
         return await self.redis.hget(names.blobs_key(job_id), index)
 
     # Leases ---------------------------------------------------------------------------------

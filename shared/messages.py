@@ -164,6 +164,9 @@ class SubResult(Message):
 
     index: int
     output: GeneratedText | GeneratedImage | None = None
+    # The blob store key of the output's bytes (an image's PNG); the bytes never pass
+    # through Redis.
+    blob: str | None = None
     error: JobError | None = None
     worker: str = ""
     started_at: float | None = None

@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     # bytes (backends that have them: s3), valid this long.
     blob_presigned_redirect: bool = False
     blob_url_expires_seconds: int = Field(900, ge=1, le=7 * 24 * 3600)
+    # How long a worker waits out a blob store that is away before it fails the sub-request
+    # whose output it holds (the sub-request keeps its lease meanwhile).
+    blob_outage_seconds: float = Field(60.0, ge=0)
     # How long outputs are kept in the blob store after their job finished.
     output_ttl_seconds: int = Field(7 * 24 * 3600, ge=60)
 

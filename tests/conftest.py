@@ -117,12 +117,13 @@ def _broken_copy(src: Path, dst: Path) -> None:
 
 
 @pytest.fixture
-def settings_env(redis_url, model_dir, monkeypatch):
+def settings_env(redis_url, model_dir, monkeypatch, tmp_path):
     """Point get_settings() at the test Redis and registry for in-process code."""
     from shared.settings import get_settings
 
     monkeypatch.setenv("FIBERMILL_REDIS_URL", redis_url)
     monkeypatch.setenv("FIBERMILL_MODEL_REGISTRY", str(model_dir / "registry.yaml"))
+    monkeypatch.setenv("FIBERMILL_BLOB_DIR", str(tmp_path / "blobs"))
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()

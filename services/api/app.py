@@ -26,6 +26,7 @@ from services.api.submission import Submissions
 from services.api.supervisor import Supervised
 from services.api.watchers import Watchers
 from services.api.webhooks.outbox import Outbox
+from shared.blobstore import open_store
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
 from shared.redis_client import connect
@@ -48,6 +49,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
     redis = connect(settings, health_check_interval=30)
     store = JobStore(redis, settings.finished_job_ttl_seconds)
+    blobs = open_store(settings)
     registry = load_registry(settings.model_registry)
     celery = make_celery(settings, name="fibermill-api")
     dispatcher = Dispatcher(celery, registry)
@@ -58,6 +60,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     lifecycle = Lifecycle(store, notifier, settings.public_url)
     s = app.state
     s.redis, s.store, s.registry, s.dispatcher = redis, store, registry, dispatcher
+    s.blobs = blobs
     s.submissions = Submissions(redis, store, registry, dispatcher, settings)
     s.outbox, s.lifecycle = outbox, lifecycle
     s.limiter = RateLimiter(redis, settings)
@@ -75,6 +78,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await redis.aclose()
+        await blobs.close()
         celery.close()
 
 

@@ -17,6 +17,7 @@ from services.api.prefer import PreferWait, prefer_wait
 from services.api.ratelimit import RateLimiter, bucket_key
 from services.api.submission import Submissions
 from services.api.watchers import Watchers
+from shared.blobstore import BlobStore
 from shared.errors import JobNotFound
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry
@@ -27,6 +28,10 @@ SettingsDep = Annotated[Settings, Depends(current_settings)]
 
 async def _store(request: Request) -> JobStore:
     return request.app.state.store
+
+
+async def _blobs(request: Request) -> BlobStore:
+    return request.app.state.blobs
 
 
 async def _registry(request: Request) -> ModelRegistry:
@@ -58,6 +63,7 @@ async def _hub(request: Request) -> EventHub:
 
 
 JobStoreDep = Annotated[JobStore, Depends(_store)]
+BlobStoreDep = Annotated[BlobStore, Depends(_blobs)]
 RedisDep = Annotated[aioredis.Redis, Depends(_redis)]
 LifecycleDep = Annotated[Lifecycle, Depends(_lifecycle)]
 RateLimiterDep = Annotated[RateLimiter, Depends(_limiter)]

@@ -121,7 +121,8 @@ def main() -> int:
     # Private webhook targets (a receiver on this machine) only while nothing else can reach
     # the API; set FIBERMILL_WEBHOOK_ALLOW_PRIVATE to decide otherwise.
     private = os.environ.get("FIBERMILL_WEBHOOK_ALLOW_PRIVATE", str(_loopback(host)).lower())
-    env = {"FIBERMILL_WEBHOOK_ALLOW_PRIVATE": private}
+    env = {"FIBERMILL_WEBHOOK_ALLOW_PRIVATE": private,
+           "FIBERMILL_BLOB_DIR": os.environ.get("FIBERMILL_BLOB_DIR", str(RUN_DIR / "blobs"))}
     settings = Settings(webhook_allow_private=private)
     procs = []
     if os.environ.get("FIBERMILL_REDIS_URL"):

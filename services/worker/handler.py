@@ -8,10 +8,11 @@ from services.worker import metrics
 from services.worker.drain import Drainer
 from services.worker.engine.engine import Arrival, Engine
 from services.worker.flights import Flights, InFlight
+from services.worker.outputs import OutputWriter
 from services.worker.pipelines.base import ImageResult, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.progress import ProgressPublisher
-from shared.errors import ModelError
+from shared.errors import BlobStoreUnavailable, ModelError
 from shared.failures import dead_lettered, time_limit_exceeded
 from shared.jobstore import JobStore, LeaseGrant
 from shared.messages import (
@@ -45,8 +46,9 @@ def _generated(result: TextResult | ImageResult) -> Generated:
 class Handler:
     def __init__(self, settings: Settings, worker_id: str, store: JobStore,
                  engines: dict[str, Engine], flights: Flights, drainer: Drainer,
-                 progress: ProgressPublisher) -> None:
+                 progress: ProgressPublisher, outputs: OutputWriter) -> None:
         self.settings = settings
+        self.outputs = outputs
         self.worker_id = worker_id
         self.store = store
         self.engines = engines
@@ -118,9 +120,17 @@ class Handler:
             log.exception("sub-request %s failed", sub.member)
             result.error = JobError(code=ModelError.code, message=f"{type(exc).__name__}: {exc}")
             outcome = Outcome.FAILED
+        if blob is not None:
+            try:
+                result.blob = await self.outputs.write(sub.job_id, sub.index, blob)
+            except BlobStoreUnavailable as exc:
+                log.error("sub-request %s: output not stored: %s", sub.member, exc)
+                result.output = None
+                result.error = JobError(code=exc.code, message=str(exc))
+                outcome = Outcome.FAILED
         metrics.PHASE_SECONDS.labels(sub.model, "subrequest").observe(time.perf_counter() - t0)
         result.finished_at = time.time()
-        if await self.store.store_result(sub.job_id, result, blob, model=sub.model) != 1:
+        if await self.store.store_result(sub.job_id, result, model=sub.model) != 1:
             return Outcome.DUPLICATE, True
         return outcome, True
 

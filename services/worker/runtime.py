@@ -31,8 +31,10 @@ from services.worker.flights import Flights
 from services.worker.handler import Handler
 from services.worker.heartbeat import Heartbeat
 from services.worker.identity import WorkerIdentity
+from services.worker.outputs import OutputWriter
 from services.worker.pipelines.factory import build_pipeline
 from services.worker.progress import ProgressPublisher
+from shared.blobstore import open_store
 from shared.jobstore import JobStore
 from shared.messages import Outcome, SubRequest
 from shared.names import queue_for
@@ -68,8 +70,11 @@ class WorkerRuntime:
         self.redis = connect(settings)
         self.store = JobStore(self.redis, settings.finished_job_ttl_seconds)
         self.drainer = Drainer(settings, self.id, self.store, self.flights, celery)
+        # Used on the runtime loop only (an S3 client belongs to the loop that opened it).
+        self.blobs = open_store(settings)
         self.handler = Handler(settings, self.id, self.store, self.engines, self.flights,
-                               self.drainer, ProgressPublisher(self.redis, self.loop))
+                               self.drainer, ProgressPublisher(self.redis, self.loop),
+                               OutputWriter(self.blobs, settings.blob_outage_seconds))
         self.cancels = CancelListener(self.redis, self.flights)
         self.heartbeat = Heartbeat(settings, self.identity, list(self.specs), self.redis,
                                    self.store, self.flights, self.cancels)
@@ -123,6 +128,7 @@ class WorkerRuntime:
         except Exception:  # Redis may already be gone; the heartbeat key expires anyway
             log.warning("could not withdraw worker %s from Redis", self.id)
         await self.redis.aclose()
+        await self.blobs.close()
 
     def begin_drain(self) -> None:
         """SIGTERM (docs/architecture.md, "Drain (SIGTERM)"). Called from a signal handler in

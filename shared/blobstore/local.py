@@ -149,6 +149,10 @@ class LocalBlobStore(BlobStore):
             raise self._unavailable("ping", exc) from exc
 
     def _check_root(self) -> None:
+        # The store's own folder, inside a mount that must exist already (no parents: a
+        # volume that is not mounted must not be replaced by a folder on the container's disk).
+        with contextlib.suppress(OSError):
+            self.root.mkdir(exist_ok=True)
         if not self.root.is_dir():
             raise FileNotFoundError(errno.ENOENT, "the root folder does not exist", str(self.root))
         if not os.access(self.root, os.W_OK | os.X_OK):

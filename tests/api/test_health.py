@@ -112,3 +112,17 @@ def test_sigint_or_no_drain_shuts_down_at_once(sig, drain):
     server = _server(drain)
     server.handle_exit(sig, None)
     assert server.should_exit and server.app.state.draining
+
+
+def test_not_ready_while_the_blob_store_cannot_be_used(client_for, redis_url, tmp_path):
+    _announce_worker(redis_url)
+    mount = tmp_path / "volume"
+    mount.write_text("a volume mounted wrong")
+    with client_for(FIBERMILL_BLOB_DIR=str(mount / "blobs"),
+                    FIBERMILL_READY_REQUIRES_WORKERS="false") as client:
+        resp = client.get("/readyz")
+        assert resp.status_code == 503
+        assert resp.json()["reason"].startswith("blob store: ")
+        mount.unlink()
+        mount.mkdir()
+        assert client.get("/readyz").status_code == 200

@@ -54,6 +54,8 @@ def launch_stack(env: dict, log_dir: Path, apis: int = 1, workers: int = 1):
     ports = [free_port() for _ in range(apis)]
     logfiles = [open(log_dir / f"{n}.log", "w")  # noqa: SIM115 - closed below
                 for n in ["workers", *(f"api{i}" for i in range(apis))]]
+    # The API and the workers share one blob store, as they would a volume or a bucket.
+    env = {"FIBERMILL_BLOB_DIR": str(log_dir / "blobs"), **env}
     procs = [start_api(p, env, stdout=f, stderr=f) for p, f in zip(ports, logfiles[1:],
                                                                      strict=True)]
     procs.append(start_workers(env, stdout=logfiles[0], stderr=logfiles[0]))

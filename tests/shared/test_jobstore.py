@@ -78,8 +78,9 @@ async def test_concurrent_duplicate_results_are_written_once(store, aredis):
     writes = []
     for index in range(4):
         for copy in range(10):  # ten deliveries of each index, with different payloads
-            r = SubResult(index=index, output=_text(f"{index}-{copy}"), worker=f"w{copy}")
-            writes.append(store.store_result("j1", r, blob=f"png{index}-{copy}".encode()))
+            r = SubResult(index=index, output=_text(f"{index}-{copy}"), worker=f"w{copy}",
+                          blob=f"outputs/j1/{index}-{copy}.png")
+            writes.append(store.store_result("j1", r))
     outcomes = await asyncio.gather(*writes)
     assert outcomes.count(1) == 4 and outcomes.count(0) == 36
     results = await store.results("j1")
@@ -87,7 +88,7 @@ async def test_concurrent_duplicate_results_are_written_once(store, aredis):
     for index, r in results.items():
         copy = r.worker[1:]
         assert r.output == _text(f"{index}-{copy}")
-        assert await store.blob("j1", index) == f"png{index}-{copy}".encode()
+        assert r.blob == f"outputs/j1/{index}-{copy}.png"  # the winner's reference, whole
     assert (await store.get("j1")).done == 4
     assert await aredis.xlen(names.COMPLETIONS_STREAM) == 4  # one completion per index
 

@@ -8,6 +8,7 @@ from sse_starlette import EventSourceResponse
 
 from services.api.auth import PrincipalDep, authenticate
 from services.api.deps import (
+    BlobStoreDep,
     EventHubDep,
     JobDep,
     JobStoreDep,
@@ -21,9 +22,9 @@ from services.api.deps import (
 from services.api.envelope import envelope
 from services.api.events import job_events
 from services.api.openapi import JOB_EXAMPLES, errors
+from services.api.outputs import output_response
 from services.api.ratelimit import bucket_key
 from services.api.watchers import TooManyWatches
-from shared.errors import OutputNotFound
 from shared.job import Job, JobList, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authenticate)])
@@ -126,21 +127,8 @@ def _json(data: dict) -> str:
         "An image output as PNG; a text output as JSON ({\"output\": {text, finish_reason, "
         "tokens}})")}, **errors(401, 404, 422)},
 )
-async def get_output(job: JobDep, index: int, store: JobStoreDep) -> Response:
-    if not 0 <= index < job.total:
-        raise OutputNotFound(f"job {job.id} has outputs 0..{job.total - 1}, not {index}")
-    if job.task == "image-generation":
-        png = await store.blob(job.id, index)
-        if png is None:
-            raise OutputNotFound(f"output {index} of job {job.id} is not ready")
-        return Response(
-            png,
-            media_type="image/png",
-            headers={"Cache-Control": "private, max-age=86400, immutable"},
-        )
-    results = await store.results(job.id)
-    if index not in results or results[index].output is None:
-        raise OutputNotFound(f"output {index} of job {job.id} is not ready")
-    return Response(
-        results[index].model_dump_json(include={"output"}), media_type="application/json"
-    )
+async def get_output(job: JobDep, index: int, store: JobStoreDep, blobs: BlobStoreDep,
+                     settings: SettingsDep) -> Response:
+    """An output: an image as PNG (or a redirect to a presigned URL of it, when the server is
+    set up so), a text as JSON."""
+    return await output_response(job, index, store, blobs, settings)

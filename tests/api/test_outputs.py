@@ -1,0 +1,111 @@
+"""GET /v1/jobs/{id}/outputs/{i} for images in the blob store: streamed from an S3 server, or
+a redirect to a presigned URL when the setting is on; images a worker older than the store
+left in Redis are still served."""
+
+import asyncio
+import uuid
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from services.api.app import create_app
+from shared.blobstore import output_key
+from shared.jobstore import JobStore
+from shared.messages import GeneratedImage, SubResult
+from tests.shared.conftest import S3_KEY_ID, S3_SECRET, S3Server, new_s3_store
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 2000  # ~0.5 MB: several chunks
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server()
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def bucket(s3, settings_env, monkeypatch):
+    name = f"fm-{uuid.uuid4().hex[:12]}"
+    for key, value in {"BLOB_BACKEND": "s3", "S3_ENDPOINT_URL": s3.url, "S3_BUCKET": name,
+                       "S3_ACCESS_KEY_ID": S3_KEY_ID, "S3_SECRET_ACCESS_KEY": S3_SECRET,
+                       "S3_CREATE_BUCKET": "true"}.items():
+        monkeypatch.setenv(f"FIBERMILL_{key}", value)
+    return name
+
+
+def _client(monkeypatch, redirect: bool) -> TestClient:
+    monkeypatch.setenv("FIBERMILL_BLOB_PRESIGNED_REDIRECT", str(redirect).lower())
+    from shared.settings import get_settings
+
+    get_settings.cache_clear()
+    return TestClient(create_app(), follow_redirects=False)
+
+
+def _image_job(client: TestClient, s3: S3Server, bucket: str, aredis_url: str) -> str:
+    """A one-image job whose output a worker has written: its PNG in the bucket, its
+    sub-result (with the key) in Redis."""
+    job_id = client.post("/v1/jobs", json={"model": "digits",
+                                           "input": {"prompts": ["3"]}}).json()["id"]
+
+    async def write():
+        import redis.asyncio as aioredis
+
+        store = new_s3_store(s3, bucket=bucket)
+        await store.put(output_key(job_id, 0), PNG, "image/png")
+        await store.close()
+        r = aioredis.Redis.from_url(aredis_url)
+        await JobStore(r).store_result(job_id, SubResult(
+            index=0, output=GeneratedImage(seed=1, width=16, height=16),
+            blob=output_key(job_id, 0), worker="w1"))
+        await r.aclose()
+
+    asyncio.run(write())
+    return job_id
+
+
+def test_an_image_is_streamed_from_the_bucket(s3, bucket, redis_url, monkeypatch):
+    with _client(monkeypatch, redirect=False) as client:
+        job_id = _image_job(client, s3, bucket, redis_url)
+        resp = client.get(f"/v1/jobs/{job_id}/outputs/0")
+        assert resp.status_code == 200
+        assert resp.headers["content-type"] == "image/png"
+        assert resp.headers["content-length"] == str(len(PNG))
+        assert resp.content == PNG
+
+
+def test_with_redirects_on_the_client_gets_a_presigned_url(s3, bucket, redis_url,
+                                                          monkeypatch):
+    with _client(monkeypatch, redirect=True) as client:
+        job_id = _image_job(client, s3, bucket, redis_url)
+        resp = client.get(f"/v1/jobs/{job_id}/outputs/0")
+        assert resp.status_code == 307
+        location = resp.headers["location"]
+        assert location.startswith(f"{s3.url}/{bucket}/outputs/{job_id}/0.png?")
+        assert httpx.get(location).content == PNG  # a plain GET, with no credentials
+
+
+def test_an_image_left_in_redis_by_an_older_worker_is_still_served(redis_url, settings_env,
+                                                                   monkeypatch):
+    import redis as sync_redis
+
+    from shared import names
+
+    with _client(monkeypatch, redirect=False) as client:
+        job_id = client.post("/v1/jobs", json={"model": "digits",
+                                               "input": {"prompts": ["3"]}}).json()["id"]
+        sync_redis.Redis.from_url(redis_url).hset(names.blobs_key(job_id), 0, PNG)
+
+        async def write():
+            import redis.asyncio as aioredis
+
+            r = aioredis.Redis.from_url(redis_url)
+            await JobStore(r).store_result(job_id, SubResult(
+                index=0, output=GeneratedImage(seed=1, width=16, height=16), worker="w1"))
+            await r.aclose()
+
+        asyncio.run(write())
+        resp = client.get(f"/v1/jobs/{job_id}/outputs/0")
+        assert resp.status_code == 200 and resp.content == PNG
