@@ -30,6 +30,7 @@ from diffusers import (
     StableDiffusionXLPipeline,
     UNet2DModel,
 )
+from diffusers.schedulers.scheduling_ddim import DDIMSchedulerOutput
 
 from services.worker.engine import sync
 from services.worker.engine.buffers import BucketKey, capacity
@@ -270,6 +271,52 @@ class StableDiffusionXLImagePipeline(_LatentDiffusionPipeline):
         return buffers
 
 
+class NextTimestepDDIMScheduler(DDIMScheduler):
+    """diffusers' DDIM, stepping to the schedule's own next timestep, with a noise estimate that
+    matches the clipped clean-image estimate.
+
+    `DDIMScheduler.step` steps from t to t - num_train_timesteps // steps, which under "trailing"
+    or "linspace" spacing is the next timestep only when the step count divides
+    num_train_timesteps: at 400 of 1000 steps every other step lands one noise level off the
+    next one, and the noise left over shows as speckle. And where it clips the clean-image
+    estimate it still steps with the unclipped noise estimate, which moves the sample by the
+    clipped amount every step, however small the step. Deterministic steps (eta 0) only, as
+    `Denoise` runs them; otherwise the arithmetic is diffusers', so outputs are the same
+    wherever neither applies.
+    """
+
+    def step(self, model_output, timestep, sample, eta=0.0, generator=None, return_dict=True):
+        if eta:
+            raise ValueError("NextTimestepDDIMScheduler takes deterministic steps only (eta 0)")
+        schedule = self.timesteps.tolist()
+        at = schedule.index(int(timestep))
+        prev = schedule[at + 1] if at + 1 < len(schedule) else -1
+        alpha = self.alphas_cumprod[int(timestep)]
+        alpha_prev = self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod
+        signal, noise = alpha**0.5, (1 - alpha) ** 0.5
+        kind = self.config.prediction_type
+        if kind == "epsilon":
+            x0, eps = (sample - noise * model_output) / signal, model_output
+        elif kind == "v_prediction":
+            x0 = signal * sample - noise * model_output
+            eps = signal * model_output + noise * sample
+        elif kind == "sample":
+            x0 = model_output
+            eps = (sample - signal * x0) / noise
+        else:
+            raise ValueError(f"unknown prediction_type {kind!r}")
+        if self.config.thresholding or self.config.clip_sample:
+            if self.config.thresholding:
+                x0 = self._threshold_sample(x0)
+            else:
+                x0 = x0.clamp(-self.config.clip_sample_range, self.config.clip_sample_range)
+            eps = (sample - signal * x0) / noise
+        prev_sample = alpha_prev**0.5 * x0 + (1 - alpha_prev) ** 0.5 * eps
+        if not return_dict:
+            return (prev_sample, x0)
+        return DDIMSchedulerOutput(prev_sample=prev_sample, pred_original_sample=x0)
+
+
 class ClassDDPMImagePipeline(_ImagePipeline):
     """A class-conditional pixel-space `UNet2DModel` with classifier-free guidance.
 
@@ -298,7 +345,7 @@ class ClassDDPMImagePipeline(_ImagePipeline):
             EncodeClassLabels(self._label, self.null_class),
             PixelDecode(),
             self.unet,
-            lambda: DDIMScheduler.from_config(self.scheduler_config),
+            lambda: NextTimestepDDIMScheduler.from_config(self.scheduler_config),
         )
 
     def _label(self, item: ImageItem) -> int:
