@@ -60,7 +60,7 @@ ERRORS: dict[int, dict[str, Any]] = {
                        "at once, each naming its field",
         "content": {"application/json": {"example": {"detail": [
             {"loc": ["body", "input", "steps"], "msg": "5000 is above model digits's limit "
-             "of 250", "type": "above_limit"},
+             "of 1000", "type": "above_limit"},
             {"loc": ["body", "input", "width"], "msg": "must be 16 for model digits",
              "type": "outside_range"},
         ]}}},
