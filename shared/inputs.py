@@ -35,11 +35,29 @@ def _spec(info: ValidationInfo) -> ModelSpec | None:
     return (info.context or {}).get("spec")
 
 
-def _over(value: float, limit: float, spec: ModelSpec, what: str = "limit") -> PydanticCustomError:
-    return PydanticCustomError(
-        "above_limit", "{value} is above model {model}'s {what} of {limit}",
-        {"value": value, "model": spec.name, "what": what, "limit": limit},
-    )
+def _value_within(value: float | None, limit_name: str, info: ValidationInfo) -> float | None:
+    """`value` unless it is above the model's limit `limit_name`."""
+    spec = _spec(info)
+    if spec is not None and value is not None:
+        limit = getattr(spec.limits, limit_name)
+        if value > limit:
+            raise PydanticCustomError(
+                "above_limit", "{value} is above model {model}'s limit of {limit}",
+                {"value": value, "model": spec.name, "limit": limit})
+    return value
+
+
+def _count_within(items: list[str], noun: str, limit_name: str,
+                  info: ValidationInfo) -> list[str]:
+    """`items` unless there are more than the model's limit `limit_name`."""
+    spec = _spec(info)
+    if spec is not None:
+        limit = getattr(spec.limits, limit_name)
+        if len(items) > limit:
+            raise PydanticCustomError(
+                "above_limit", "{count} {noun}; model {model} takes at most {limit}",
+                {"count": len(items), "noun": noun, "model": spec.name, "limit": limit})
+    return items
 
 
 def _check_prompt(prompt: str, info: ValidationInfo) -> str:
@@ -76,13 +94,7 @@ class _Input(BaseModel):
     @field_validator("prompts")
     @classmethod
     def _prompt_count(cls, prompts: list[str], info: ValidationInfo) -> list[str]:
-        spec = _spec(info)
-        if spec is not None and len(prompts) > spec.limits.max_prompts:
-            raise PydanticCustomError(
-                "above_limit", "{count} prompts; model {model} takes at most {limit}",
-                {"count": len(prompts), "model": spec.name, "limit": spec.limits.max_prompts},
-            )
-        return prompts
+        return _count_within(prompts, "prompts", "max_prompts", info)
 
 
 class TextGenerationInput(_Input):
@@ -105,21 +117,12 @@ class TextGenerationInput(_Input):
     @field_validator("max_new_tokens")
     @classmethod
     def _max_new_tokens(cls, value: int | None, info: ValidationInfo) -> int | None:
-        spec = _spec(info)
-        if spec is not None and value is not None and value > spec.limits.max_new_tokens:
-            raise _over(value, spec.limits.max_new_tokens, spec)
-        return value
+        return _value_within(value, "max_new_tokens", info)
 
     @field_validator("stop")
     @classmethod
     def _stop_count(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        spec = _spec(info)
-        if spec is not None and len(value) > spec.limits.max_stop_sequences:
-            raise PydanticCustomError(
-                "above_limit", "{count} stop strings; model {model} takes at most {limit}",
-                {"count": len(value), "model": spec.name, "limit": spec.limits.max_stop_sequences},
-            )
-        return value
+        return _count_within(value, "stop strings", "max_stop_sequences", info)
 
 
 class ImageGenerationInput(_Input):
@@ -162,18 +165,12 @@ class ImageGenerationInput(_Input):
     @field_validator("steps")
     @classmethod
     def _steps(cls, value: int | None, info: ValidationInfo) -> int | None:
-        spec = _spec(info)
-        if spec is not None and value is not None and value > spec.limits.max_steps:
-            raise _over(value, spec.limits.max_steps, spec)
-        return value
+        return _value_within(value, "max_steps", info)
 
     @field_validator("num_images_per_prompt")
     @classmethod
     def _images(cls, value: int, info: ValidationInfo) -> int:
-        spec = _spec(info)
-        if spec is not None and value > spec.limits.max_images_per_prompt:
-            raise _over(value, spec.limits.max_images_per_prompt, spec)
-        return value
+        return _value_within(value, "max_images_per_prompt", info)
 
 
 TaskInput = TextGenerationInput | ImageGenerationInput

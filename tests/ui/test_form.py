@@ -20,6 +20,14 @@ TASK_LIMITS = {"image-generation": ("max_prompts", "max_prompt_chars", "max_imag
                                    "max_stop_sequences")}
 
 
+def refused(page, fills: dict[str, str]) -> None:
+    """Fill the fields, press Submit, and wait for the form's own refusal."""
+    for field, value in fills.items():
+        page.fill(f"#{field}", value)
+    page.click("#submit")
+    page.wait_for_selector("#form-error:not(:empty)")
+
+
 def error(page, field: str) -> str:
     return page.text_content(f"[data-error-for='{field}']")
 
@@ -52,10 +60,7 @@ def test_every_field_outside_its_shown_range_is_named_before_anything_is_sent(pa
              "guidance_scale": ("51", "must be at most 50"),
              "seed": ("-1", "must be at least 0"),
              "priority": ("10", "must be at most 9")}
-    for field, (value, _) in wrong.items():
-        page.fill(f"#{field}", value)
-    page.click("#submit")
-    page.wait_for_selector("#form-error:not(:empty)")
+    refused(page, {field: value for field, (value, _) in wrong.items()})
     for field, (_, message) in wrong.items():
         name = field if field == "priority" else f"input.{field}"
         assert error(page, name) == message, field
@@ -63,20 +68,13 @@ def test_every_field_outside_its_shown_range_is_named_before_anything_is_sent(pa
     assert "fix" in page.text_content("#form-error")
 
     choose(page, "tiny-sd", ["a red square"])  # bounds 32..256 in steps of 8
-    page.fill("#width", "36")
-    page.fill("#height", "264")
-    page.fill("#steps", "2.5")
-    page.click("#submit")
-    page.wait_for_selector("#form-error:not(:empty)")
+    refused(page, {"width": "36", "height": "264", "steps": "2.5"})
     assert error(page, "input.width") == "must be a multiple of 8"
     assert error(page, "input.height") == "must be at most 256"
     assert error(page, "input.steps") == "must be a whole number"
 
     choose(page, "tiny-gpt2", ["Hello"])
-    page.fill("#max_new_tokens", "257")
-    page.fill("#temperature", "6")
-    page.click("#submit")
-    page.wait_for_selector("#form-error:not(:empty)")
+    refused(page, {"max_new_tokens": "257", "temperature": "6"})
     assert error(page, "input.max_new_tokens") == "must be at most 256"
     assert error(page, "input.temperature") == "must be at most 5"
     # The image fields are hidden now: whatever they still hold is neither checked nor sent.
