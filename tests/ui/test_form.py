@@ -12,12 +12,6 @@ DASH = "\N{EN DASH}"  # between the ends of a range shown beside a field
 IMAGE_PARAMETERS = ("steps", "width", "height", "guidance_scale", "num_images_per_prompt",
                     "negative_prompt", "seed")
 TEXT_PARAMETERS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "seed")
-TASK_DEFAULTS = {"image-generation": ("steps", "width", "height", "guidance_scale"),
-                 "text-generation": ("max_new_tokens",)}
-TASK_LIMITS = {"image-generation": ("max_prompts", "max_prompt_chars", "max_images_per_prompt",
-                                    "max_steps", "min_size", "max_size"),
-               "text-generation": ("max_prompts", "max_prompt_chars", "max_new_tokens",
-                                   "max_stop_sequences")}
 
 
 def refused(page, fills: dict[str, str]) -> None:
@@ -149,33 +143,4 @@ def test_ranges_and_defaults_come_from_each_models_parameters(page):
     assert page.get_attribute("#max_new_tokens", "placeholder") == "9"
     assert page.text_content("#max_new_tokens + .hint") == f"1{DASH}33"
     assert page.get_attribute("#seed", "placeholder") == "random"  # no default: the page's
-    assert page.page_errors == []
-
-
-def test_a_model_list_without_parameters_and_with_task_only_fields_still_works(page):
-    def change(model):
-        model.pop("parameters", None)
-        task = model["task"]
-        model["defaults"] = {k: v for k, v in model["defaults"].items()
-                             if k in TASK_DEFAULTS[task]}
-        model["limits"] = {k: v for k, v in model["limits"].items() if k in TASK_LIMITS[task]}
-
-    served = reshape_models(page, change)
-    open_page(page)
-    posts = job_posts(page)
-    choose(page, "digits", ["3"])
-    digits = served["digits"]
-    assert "max_new_tokens" not in digits["defaults"]
-    assert page.get_attribute("#steps", "placeholder") == str(digits["defaults"]["steps"])
-    assert page.text_content("#steps + .hint") == f"1{DASH}{digits['limits']['max_steps']}"
-
-    choose(page, "tiny-gpt2", ["Hello"])
-    gpt2 = served["tiny-gpt2"]
-    assert "steps" not in gpt2["defaults"]
-    limit = gpt2["limits"]["max_new_tokens"]
-    assert page.text_content("#max_new_tokens + .hint") == f"1{DASH}{limit}"
-    page.fill("#max_new_tokens", "3")
-    page.click("#submit")
-    page.wait_for_selector("#job-status.succeeded")
-    assert posts[0]["task"] == "text-generation" and posts[0]["input"]["max_new_tokens"] == 3
     assert page.page_errors == []

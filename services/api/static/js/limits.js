@@ -1,33 +1,14 @@
 // A model's default and bounds for each number field of the form, and the check of what the
 // person typed against them, so every problem shows before anything is sent.
 
-// Where a model without `parameters` (the older /v1/models) keeps a field's default and
-// bounds. Either object may lack the other task's fields.
-const size = (value, l) => ({ default: value, minimum: l.min_size, maximum: l.max_size,
-  multipleOf: 8 });
-const FALLBACK = {
-  steps: (d, l) => ({ default: d.steps, minimum: 1, maximum: l.max_steps }),
-  width: (d, l) => size(d.width, l),
-  height: (d, l) => size(d.height, l),
-  guidance_scale: (d) => ({ default: d.guidance_scale, minimum: 0, maximum: 50 }),
-  num_images_per_prompt: (d, l) => ({ minimum: 1, maximum: l.max_images_per_prompt }),
-  max_new_tokens: (d, l) => ({
-    default: d.max_new_tokens, minimum: 1, maximum: l.max_new_tokens }),
-};
-
-// {default, minimum, maximum, multipleOf} of an input parameter of `spec`, or null when the
-// model says nothing about it (the page's own bounds then stand).
+// {default, minimum, maximum, multipleOf} of an input parameter of `spec` (from /v1/models,
+// served by the same API as this page), or null when the model does not take it.
 export function paramOf(spec, name) {
-  const listed = spec.parameters && spec.parameters[name];
-  if (listed) return listed;
-  const fallback = FALLBACK[name];
-  return fallback ? fallback(spec.defaults || {}, spec.limits || {}) : null;
+  return (spec.parameters || {})[name] || null;
 }
 
-// Whether the model takes this input parameter; without a `parameters` list, the task's
-// fields (the form's rows) decide.
 export function takes(spec, name) {
-  return !spec.parameters || name in spec.parameters;
+  return name in (spec.parameters || {});
 }
 
 export function rangeText(min, max) {
