@@ -67,6 +67,35 @@ class OutputNotFound(FibermillError):
     code = "not_found"
 
 
+class Expired(FibermillError):
+    """What was asked for existed, and its retention has ended (HTTP 410 Gone)."""
+
+    code = "expired"
+
+
+class JobExpired(Expired, JobNotFound):
+    def __init__(self, job_id: str, ttl_seconds: int) -> None:
+        FibermillError.__init__(
+            self, f"job {job_id} has expired: a finished job's record is kept for "
+                  f"{_duration(ttl_seconds)} (FIBERMILL_FINISHED_JOB_TTL_SECONDS)")
+        self.job_id = job_id
+
+
+class OutputExpired(Expired, OutputNotFound):
+    def __init__(self, job_id: str, index: int, ttl_seconds: int) -> None:
+        super().__init__(
+            f"output {index} of job {job_id} has expired: outputs are kept for "
+            f"{_duration(ttl_seconds)} after their job was made (FIBERMILL_OUTPUT_TTL_SECONDS)")
+
+
+def _duration(seconds: int) -> str:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0 and seconds >= 2 * size:
+            n = seconds // size
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{seconds} seconds"
+
+
 class InvalidTransition(FibermillError):
     """A status change that the job's current status does not allow (e.g. leaving a final state)."""
 

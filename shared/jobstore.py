@@ -226,7 +226,6 @@ class JobStore:
             flags = "*"
         else:
             flags = "".join((
-                "b" if rec.task == "image-generation" else "",
                 "w" if rec.meta.webhook is not None else "",
                 "d" if rec.meta.deadline_seconds is not None else "",
                 "f" if rec.meta.wants("completed") else "",
@@ -236,7 +235,6 @@ class JobStore:
             keys=[
                 names.job_key(job_id),
                 names.results_key(job_id),
-                names.blobs_key(job_id),
                 names.attempts_key(job_id),
                 names.webhooks_key(job_id),
                 names.COMPLETIONS_STREAM,
@@ -247,10 +245,8 @@ class JobStore:
                 status.value,
                 json.dumps(output),
                 error.model_dump_json() if error else "",
-                "",
                 self.finished_ttl,
                 job_id,
-                "",
                 flags,
                 names.FINAL_CHANNEL,
                 names.CANCEL_CHANNEL,
@@ -294,7 +290,6 @@ class JobStore:
             keys=[
                 names.job_key(job_id),
                 names.results_key(job_id),
-                names.blobs_key(job_id),
                 names.COMPLETIONS_STREAM,
                 names.LEASES,
                 names.LEASE_OWNERS,
@@ -303,10 +298,8 @@ class JobStore:
             args=[
                 result.index,
                 result.model_dump_json(),
-                "",
                 job_id,
                 int(result.ok),
-                "",
                 member,
                 result.worker,
             ],
@@ -329,11 +322,6 @@ class JobStore:
     async def result(self, job_id: str, index: int) -> SubResult | None:
         raw = await self.redis.hget(names.results_key(job_id), index)
         return SubResult.model_validate_json(raw) if raw is not None else None
-
-    async def blob(self, job_id: str, index: int) -> bytes | None:
-        """An image stored in Redis beside its job, as outputs were before the blob store:
-        read for jobs finished before an upgrade, until they expire."""
-        return await self.redis.hget(names.blobs_key(job_id), index)
 
     # Leases ---------------------------------------------------------------------------------
 

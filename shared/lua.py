@@ -58,12 +58,11 @@ end
 return tostring(now)
 """
 
-# KEYS: job, results, blobs, attempts, webhooks, completion stream, the model's backlog,
-# deadlines.
-# ARGV: status, output json, error json ('' for none), (unused), ttl seconds, job id, (unused),
-# what else the job has ('*': anything; else letters: b blobs, w webhook deliveries,
-# d a deadline, f a `completed` webhook, k outstanding sub-requests), the final channel, the
-# cancel channel, the cancel notice.
+# KEYS: job, results, attempts, webhooks, completion stream, the model's backlog, deadlines.
+# ARGV: status, output json, error json ('' for none), ttl seconds, job id, what else the job
+# has ('*': anything; else letters: w webhook deliveries, d a deadline, f a `completed`
+# webhook, k outstanding sub-requests), the final channel, the cancel channel, the cancel
+# notice.
 # Returns the time it became final (completed_at), 0 if it already was, -1 if gone. In the same
 # step:
 # - every key of the job gets its TTL;
@@ -89,38 +88,36 @@ if ARGV[3] ~= '' then
 else
   redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', completed)
 end
-local all = ARGV[8] == '*'
-local function has(c) return all or string.find(ARGV[8], c, 1, true) ~= nil end
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-redis.call('EXPIRE', KEYS[4], ARGV[5])
-if has('b') then redis.call('EXPIRE', KEYS[3], ARGV[5]) end
-if has('w') then redis.call('EXPIRE', KEYS[5], ARGV[5]) end
+local all = ARGV[6] == '*'
+local function has(c) return all or string.find(ARGV[6], c, 1, true) ~= nil end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+if has('w') then redis.call('EXPIRE', KEYS[4], ARGV[4]) end
 if has('f') then
-  redis.call('XADD', KEYS[6], '*', 'job', ARGV[6], 'kind', 'final')
+  redis.call('XADD', KEYS[5], '*', 'job', ARGV[5], 'kind', 'final')
 end
-if has('d') then redis.call('ZREM', KEYS[8], ARGV[6]) end
+if has('d') then redis.call('ZREM', KEYS[7], ARGV[5]) end
 if has('k') then
   local total = tonumber(h[2] or '0') or 0
   local members = {}
   for i = 0, total - 1 do
-    members[#members + 1] = ARGV[6] .. ':' .. i
+    members[#members + 1] = ARGV[5] .. ':' .. i
     if #members == 256 then  -- unpack() has a stack limit: remove in chunks
-      redis.call('ZREM', KEYS[7], unpack(members))
+      redis.call('ZREM', KEYS[6], unpack(members))
       members = {}
     end
   end
-  if #members > 0 then redis.call('ZREM', KEYS[7], unpack(members)) end
+  if #members > 0 then redis.call('ZREM', KEYS[6], unpack(members)) end
 end
-redis.call('PUBLISH', ARGV[9], ARGV[6])
-if ARGV[1] ~= 'succeeded' then redis.call('PUBLISH', ARGV[10], ARGV[11]) end
+redis.call('PUBLISH', ARGV[7], ARGV[5])
+if ARGV[1] ~= 'succeeded' then redis.call('PUBLISH', ARGV[8], ARGV[9]) end
 return completed
 """
 )
 
-# KEYS: job, results, blobs, stream, leases, owners, the model's backlog.
-# ARGV: index, result json, blob ('' for none), job id, ok flag, (unused), lease member,
-# worker.
+# KEYS: job, results, completion stream, leases, owners, the model's backlog.
+# ARGV: index, result json, job id, ok flag, lease member, worker.
 # Writes a sub-result once per (job, index) and announces it on the completion stream in the
 # same step, so a duplicate delivery can neither change the result nor count twice; the job's
 # `done` is the size of its results hash, set in the same step. The sub-request leaves the
@@ -130,18 +127,17 @@ STORE_RESULT = (
     _FINAL
     + """
 local st = redis.call('HGET', KEYS[1], 'status')
-if redis.call('HGET', KEYS[6], ARGV[7]) == ARGV[8] then
-  redis.call('ZREM', KEYS[5], ARGV[7])
-  redis.call('HDEL', KEYS[6], ARGV[7])
+if redis.call('HGET', KEYS[5], ARGV[5]) == ARGV[6] then
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  redis.call('HDEL', KEYS[5], ARGV[5])
 end
 if not st then return -1 end
-redis.call('ZREM', KEYS[7], ARGV[7])
+redis.call('ZREM', KEYS[6], ARGV[5])
 if is_final(st) then return -2 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[3]) end
 redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
-redis.call('XADD', KEYS[4], '*', 'job', ARGV[4], 'kind', 'result', 'index', ARGV[1],
-  'ok', ARGV[5])
+redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'kind', 'result', 'index', ARGV[1],
+  'ok', ARGV[4])
 return 1
 """
 )

@@ -125,6 +125,8 @@ class SubRequest(Message):
     index: int
     model: str
     item: Item
+    # The API key id the job belongs to (None on an open API): its outputs are filed under it.
+    owner: str | None = None
     # Runs in a batch of its own: it was on the device when a worker was lost, and may be what
     # killed it (the janitor sets it when it sends such a sub-request again).
     isolated: bool = False

@@ -37,10 +37,6 @@ def results_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:results"
 
 
-def blobs_key(job_id: str) -> str:
-    return f"{PREFIX}:job:{job_id}:blobs"
-
-
 def attempts_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:attempts"
 

@@ -19,7 +19,8 @@ class Settings(BaseSettings):
     model_registry: Path = REPO_ROOT / "models" / "registry.yaml"
 
     # Jobs
-    finished_job_ttl_seconds: int = Field(7 * 24 * 3600, ge=60)
+    # How long a finished job's record (status, text outputs, sub-results) stays in Redis.
+    finished_job_ttl_seconds: int = Field(24 * 3600, ge=60)
     max_body_bytes: int = Field(1_000_000, ge=1024)
 
     # Sub-request execution and recovery
@@ -118,8 +119,12 @@ class Settings(BaseSettings):
     # How long a worker waits out a blob store that is away before it fails the sub-request
     # whose output it holds (the sub-request keeps its lease meanwhile).
     blob_outage_seconds: float = Field(60.0, ge=0)
-    # How long outputs are kept in the blob store after their job finished.
-    output_ttl_seconds: int = Field(7 * 24 * 3600, ge=60)
+    # How long outputs stay in the blob store, counted from when their job was made (the
+    # sweeper deletes them by the hour: at most an hour more). Outliving the job's record, an
+    # output is still served to the key that made it.
+    output_ttl_seconds: int = Field(7 * 24 * 3600, ge=3600)
+    # How often each API replica looks for expired outputs (any replica may; it is idempotent).
+    sweep_interval_seconds: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _visibility_above_time_limit(self) -> "Settings":

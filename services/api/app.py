@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from services.api import errors, openapi
+from services.api import errors, openapi, shutdown
 from services.api.body_limit import BodyLimitMiddleware
 from services.api.dispatch import Dispatcher
 from services.api.events import EventHub
@@ -24,6 +24,7 @@ from services.api.routes import docs, health, jobs, models, ui
 from services.api.routes import metrics as metrics_route
 from services.api.submission import Submissions
 from services.api.supervisor import Supervised
+from services.api.sweeper import Sweeper
 from services.api.watchers import Watchers
 from services.api.webhooks.outbox import Outbox
 from shared.blobstore import open_store
@@ -69,17 +70,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     s.joiner = Joiner(redis, lifecycle, settings, consumer)
     s.janitor = Janitor(store, dispatcher, lifecycle, settings)
     s.loops = [Supervised("joiner", s.joiner.run), Supervised("janitor", s.janitor.run),
-               Supervised("webhooks", outbox.run), Supervised("events", s.hub.run)]
+               Supervised("webhooks", outbox.run), Supervised("events", s.hub.run),
+               Supervised("sweeper", Sweeper(blobs, settings).run)]
     tasks = [asyncio.create_task(loop.run(), name=loop.name) for loop in s.loops]
     try:
         yield
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await redis.aclose()
-        await blobs.close()
-        celery.close()
+        await shutdown.stop_tasks(tasks)
+        await shutdown.bounded("closing Redis", redis.aclose())
+        await shutdown.bounded("closing the blob store", blobs.close())
+        await shutdown.bounded("closing Celery", asyncio.to_thread(celery.close))
 
 
 def create_app() -> FastAPI:

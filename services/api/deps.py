@@ -4,6 +4,7 @@ Every dependency here is `async def`: FastAPI runs a plain `def` dependency in i
 a thread hand-off per dependency per request for what is an attribute read."""
 
 import re
+import time
 from typing import Annotated
 
 import redis.asyncio as aioredis
@@ -18,9 +19,10 @@ from services.api.ratelimit import RateLimiter, bucket_key
 from services.api.submission import Submissions
 from services.api.watchers import Watchers
 from shared.blobstore import BlobStore
-from shared.errors import JobNotFound
+from shared.errors import JobExpired, JobNotFound
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry
+from shared.retention import record_expired
 from shared.settings import Settings
 
 SettingsDep = Annotated[Settings, Depends(current_settings)]
@@ -76,13 +78,29 @@ EventHubDep = Annotated[EventHub, Depends(_hub)]
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 
 
-async def _job(job_id: str, store: JobStoreDep, principal: PrincipalDep) -> JobRecord:
+async def _job_if_kept(job_id: str, store: JobStoreDep, principal: PrincipalDep
+                       ) -> JobRecord | None:
+    """The caller's job, or None when its record is gone (expired, or never made)."""
     if not _JOB_ID.fullmatch(job_id):
         # Not an id this API makes: never a Redis key (`{id}:webhooks` would name another).
         raise JobNotFound(job_id)
-    rec = await store.get(job_id)  # JobNotFound becomes a 404 in services/api/errors.py
+    try:
+        rec = await store.get(job_id)
+    except JobNotFound:
+        return None
     if principal.key_id is not None and rec.meta.owner != principal.key_id:
         raise JobNotFound(job_id)  # another key's job: as if it did not exist
+    return rec
+
+
+JobIfKeptDep = Annotated[JobRecord | None, Depends(_job_if_kept)]
+
+
+async def _job(job_id: str, rec: JobIfKeptDep, store: JobStoreDep) -> JobRecord:
+    if rec is None:  # 410 or 404, in services/api/errors.py
+        if record_expired(job_id, store.finished_ttl, time.time()):
+            raise JobExpired(job_id, store.finished_ttl)
+        raise JobNotFound(job_id)
     return rec
 
 

@@ -12,6 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import (
+    Expired,
     FibermillError,
     IdempotencyConflict,
     InvalidInput,
@@ -33,6 +34,7 @@ STATUS = {
     PayloadTooLarge: 413,
     RateLimited: 429,
     InvalidInput: 422,
+    Expired: 410,
     JobNotFound: 404,
     OutputNotFound: 404,
     InvalidTransition: 409,

@@ -155,6 +155,9 @@ class EventHub:
                 # reads the store again.
                 self._wake_all(Wake.RECONNECTED)
                 while True:
+                    # get_message can drop a cancellation (shared/asyncio_compat.py); found by
+                    # a shutdown that waited for this loop forever.
+                    raise_if_cancelled()
                     msg = await pubsub.get_message(timeout=POLL_SECONDS)
                     if msg is not None:
                         self._dispatch(msg)

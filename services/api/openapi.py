@@ -49,6 +49,11 @@ ERRORS: dict[int, dict[str, Any]] = {
                 {"WWW-Authenticate": "Bearer"}),
     404: _error("No such job (or it belongs to another API key), or no such output",
                 "not_found", "job 3f2a... not found"),
+    410: _error("The job's record, or the output, has expired: its retention "
+                "(FIBERMILL_FINISHED_JOB_TTL_SECONDS for records, FIBERMILL_OUTPUT_TTL_SECONDS "
+                "for outputs) has ended", "expired",
+                "output 0 of job 0192... has expired: outputs are kept for 7 days after their "
+                "job was made (FIBERMILL_OUTPUT_TTL_SECONDS)"),
     409: _error("The Idempotency-Key was used with a different body, or a request with it is "
                 "still being processed", "idempotency_conflict",
                 "Idempotency-Key was used with a different request body"),

@@ -1,23 +1,34 @@
 """GET /v1/jobs/{id}/outputs/{i}: a text output from its sub-result, an image streamed from
 the blob store (or a redirect to a presigned URL, when the setting and the backend allow),
-never read whole into the API's memory."""
+never read whole into the API's memory.
 
+An image outlives its job's record (shared/retention.py): once the record has expired, the
+output is looked up where its job's id and the caller's key file it, so only the key that made
+it finds it. Past its own retention it is 410 Gone, with or without the record."""
+
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 
-from shared.blobstore import Blob, BlobStore
-from shared.errors import OutputNotFound
+from shared.blobstore import Blob, BlobStore, output_key
+from shared.errors import BlobNotFound, JobExpired, JobNotFound, OutputExpired, OutputNotFound
 from shared.jobstore import JobRecord, JobStore
+from shared.retention import outputs_expired, record_expired
 from shared.settings import Settings
 
 # Outputs never change once stored: a browser may keep them for as long as the job lives.
 IMMUTABLE = {"Cache-Control": "private, max-age=86400, immutable"}
 
 
-async def output_response(job: JobRecord, index: int, store: JobStore, blobs: BlobStore,
-                          settings: Settings) -> Response:
+async def output_response(job_id: str, job: JobRecord | None, index: int, owner: str | None,
+                          store: JobStore, blobs: BlobStore, settings: Settings) -> Response:
+    """Output `index` of the job; `job` is None when its record is gone."""
+    if outputs_expired(job_id, settings.output_ttl_seconds, time.time()):
+        raise OutputExpired(job_id, index, settings.output_ttl_seconds)
+    if job is None:
+        return await _without_record(job_id, index, owner, store, blobs, settings)
     if not 0 <= index < job.total:
         raise OutputNotFound(f"job {job.id} has outputs 0..{job.total - 1}, not {index}")
     result = await store.result(job.id, index)
@@ -26,16 +37,34 @@ async def output_response(job: JobRecord, index: int, store: JobStore, blobs: Bl
     if job.task == "text-generation":
         return Response(result.model_dump_json(include={"output"}),
                         media_type="application/json")
-    if result.blob is None:  # stored in Redis by a worker older than the blob store
-        png = await store.blob(job.id, index)
-        if png is None:
-            raise OutputNotFound(f"output {index} of job {job.id} is not ready")
-        return Response(png, media_type="image/png", headers=IMMUTABLE)
+    if result.blob is None:
+        raise OutputNotFound(f"output {index} of job {job.id} has no image")
+    return await _image(result.blob, blobs, settings)
+
+
+async def _without_record(job_id: str, index: int, owner: str | None, store: JobStore,
+                          blobs: BlobStore, settings: Settings) -> Response:
+    if index >= 0:
+        try:
+            return await _image(output_key(job_id, index, owner), blobs, settings,
+                                check_exists=True)
+        except BlobNotFound:
+            pass
+    # No image: a text job's outputs lived in its record; or the id was never made here.
+    if record_expired(job_id, store.finished_ttl, time.time()):
+        raise JobExpired(job_id, store.finished_ttl)
+    raise JobNotFound(job_id)
+
+
+async def _image(key: str, blobs: BlobStore, settings: Settings,
+                 check_exists: bool = False) -> Response:
     if settings.blob_presigned_redirect:
-        url = await blobs.url(result.blob, settings.blob_url_expires_seconds)
+        if check_exists:  # a presigned URL of a key that is not there would be a dead link
+            await (await blobs.open(key)).aclose()
+        url = await blobs.url(key, settings.blob_url_expires_seconds)
         if url is not None:
             return RedirectResponse(url, status_code=307)
-    blob = await blobs.open(result.blob)
+    blob = await blobs.open(key)
     return StreamingResponse(_chunks(blob), media_type=blob.content_type,
                              headers={**IMMUTABLE, "Content-Length": str(blob.size)})
 

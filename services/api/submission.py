@@ -1,7 +1,6 @@
 """Accept a job: check it, then store it and send its sub-requests in one step."""
 
 import secrets
-import uuid
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -14,6 +13,7 @@ from services.api.webhooks.ssrf import check_webhook_url
 from shared.errors import InvalidInput, Problem
 from shared.inputs import TaskInput, validate_input
 from shared.job import JobMeta, JobOptions, JobRequest, JobStatus
+from shared.job_ids import new_job_id
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry, ModelSpec
 from shared.settings import Settings
@@ -124,5 +124,5 @@ def _choose_seed(inp: TaskInput) -> None:
 
 def _probe(spec: ModelSpec, inp: TaskInput) -> JobRecord:
     """The record the job will have, under a new id, for splitting it before it is stored."""
-    return JobRecord(uuid.uuid4().hex, spec.task, spec.name, JobStatus.QUEUED,
+    return JobRecord(new_job_id(), spec.task, spec.name, JobStatus.QUEUED,
                      inp.model_dump(mode="json"), 0, 0.0)

@@ -122,7 +122,7 @@ class Handler:
             outcome = Outcome.FAILED
         if blob is not None:
             try:
-                result.blob = await self.outputs.write(sub.job_id, sub.index, blob)
+                result.blob = await self.outputs.write(sub, blob)
             except BlobStoreUnavailable as exc:
                 log.error("sub-request %s: output not stored: %s", sub.member, exc)
                 result.output = None

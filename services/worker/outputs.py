@@ -8,6 +8,7 @@ import time
 
 from shared.blobstore import BlobStore, output_key
 from shared.errors import BlobStoreUnavailable
+from shared.messages import SubRequest
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +21,11 @@ class OutputWriter:
         self.blobs = blobs
         self.outage_seconds = outage_seconds
 
-    async def write(self, job_id: str, index: int, png: bytes) -> str:
+    async def write(self, sub: SubRequest, png: bytes) -> str:
         """Store a sub-request's image under its own key (a second run of it writes the same
         key, so an output is never stored twice) and return the key; BlobStoreUnavailable
         once the store has been away for `outage_seconds`."""
-        key = output_key(job_id, index)
+        key = output_key(sub.job_id, sub.index, sub.owner)
         give_up = time.monotonic() + self.outage_seconds
         pause = FIRST_RETRY_SECONDS
         while True:

@@ -5,7 +5,7 @@ picked by the settings (open_store). Keys: keys.py; metrics: metrics.py."""
 from shared.blobstore.base import BlobStore, content_type_of
 from shared.blobstore.blob import Blob
 from shared.blobstore.factory import open_store
-from shared.blobstore.keys import check_key, check_prefix, job_prefix, output_key
+from shared.blobstore.keys import check_key, check_prefix, hour_of, hour_prefix, output_key
 
 __all__ = [
     "Blob",
@@ -13,7 +13,8 @@ __all__ = [
     "check_key",
     "check_prefix",
     "content_type_of",
-    "job_prefix",
+    "hour_of",
+    "hour_prefix",
     "open_store",
     "output_key",
 ]

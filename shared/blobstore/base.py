@@ -95,6 +95,28 @@ class BlobStore(ABC):
             metrics.FAILURES.labels(self.backend, "keys").inc()
             raise
 
+    async def folders(self, prefix: str) -> list[str]:
+        """The names of the folders right under `prefix` (a folder, ending in `/`), sorted:
+        `outputs/` lists its hours. One listing call on S3 for up to 1000 of them."""
+        check_prefix(prefix)
+        if prefix and not prefix.endswith("/"):
+            raise InvalidBlobKey(prefix, "a folder ends with /")
+        with self._measured("folders"):
+            return sorted(await self._folders(prefix))
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under a folder (`outputs/2026120209/`), and on a local store
+        the unfinished writes in it too; returns how many objects there were. Running it again,
+        or on a folder that is gone, deletes nothing and is not an error."""
+        check_prefix(prefix)
+        if not prefix.endswith("/"):
+            raise InvalidBlobKey(prefix, "a folder ends with /")
+        with self._measured("delete"):
+            objects, size = await self._delete_prefix(prefix)
+        metrics.OBJECTS_DELETED.labels(self.backend).inc(objects)
+        metrics.DELETED_BYTES.labels(self.backend).inc(size)
+        return objects
+
     @abstractmethod
     async def close(self) -> None:
         """Free connections; a store used again after close opens new ones."""
@@ -137,6 +159,13 @@ class BlobStore(ABC):
 
     @abstractmethod
     async def _url(self, key: str, expires_seconds: int) -> str | None: ...
+
+    @abstractmethod
+    async def _folders(self, prefix: str) -> list[str]: ...
+
+    @abstractmethod
+    async def _delete_prefix(self, prefix: str) -> tuple[int, int]:
+        """(objects, bytes) deleted."""
 
     @abstractmethod
     async def _ping(self) -> None: ...

@@ -1,16 +1,21 @@
 """Blob keys: what every backend accepts the same way, and the key of a job's output.
 
 A key is `/`-separated segments of safe characters (letters, digits and `-_.=+@~,`), such as
-`outputs/{job_id}/{index}.png`: never empty, never absolute, no empty, `.` or `..` segment (so
-a local key cannot climb out of the store's folder), no segment that starts with `.` (the local
-store's unfinished writes are hidden files), at most 1024 bytes (S3's limit).
+`outputs/2026120209/_/{job_id}/0.png`: never empty, never absolute, no empty, `.` or `..`
+segment (so a local key cannot climb out of the store's folder), no segment that starts with
+`.` (the local store's unfinished writes are hidden files), at most 1024 bytes (S3's limit).
 """
 
 import re
+import time
+from datetime import UTC, datetime
 
 from shared.errors import InvalidBlobKey
+from shared.job_ids import created_at
 
 MAX_KEY_BYTES = 1024
+OUTPUTS = "outputs"
+UNOWNED = "_"  # the owner segment of outputs made on an API without keys
 _SEGMENT = re.compile(r"[A-Za-z0-9_\-=+@~,][A-Za-z0-9_.\-=+@~,]*")
 
 
@@ -55,15 +60,29 @@ def _check_segments(key: str, segments: list[str]) -> None:
                      "letters, digits and -_.=+@~,")
 
 
-def output_key(job_id: str, index: int, suffix: str = "png") -> str:
-    """Where output `index` of a job lives. A function of (job, index) alone, so a sub-request
-    that runs twice writes the same key: the second write replaces the first with the same
-    bytes, and nothing is left behind."""
+def output_key(job_id: str, index: int, owner: str | None, suffix: str = "png",
+               now: float | None = None) -> str:
+    """Where output `index` of a job lives: `outputs/{hour}/{owner}/{job_id}/{index}.png`.
+
+    A function of the job, index and owner alone (for a dated id), so a sub-request that runs
+    twice writes the same key: the second write replaces the first with the same bytes, and
+    nothing is left behind. The hour (UTC, when the job was made) lets the sweeper delete a
+    whole expired hour at once; the owner (the API key's id, `_` on an open API) lets the API
+    serve an output to its owner after the job's record has expired, and to no one else. An
+    undated id is filed under the hour it is written (`now`)."""
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise InvalidBlobKey(f"outputs/{job_id}/{index}.{suffix}", "index is a whole number >= 0")
-    return check_key(f"outputs/{job_id}/{index}.{suffix}")
+        raise InvalidBlobKey(f"outputs/.../{job_id}/{index}.{suffix}",
+                             "index is a whole number >= 0")
+    made = created_at(job_id)
+    hour = hour_of(made if made is not None else time.time() if now is None else now)
+    return check_key(f"{hour_prefix(hour)}{owner or UNOWNED}/{job_id}/{index}.{suffix}")
 
 
-def job_prefix(job_id: str) -> str:
-    """The prefix of every output of a job (to list or delete them together)."""
-    return check_prefix(f"outputs/{job_id}/")
+def hour_of(epoch_seconds: float) -> datetime:
+    """The start of the UTC hour an instant falls in."""
+    return datetime.fromtimestamp(epoch_seconds, UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def hour_prefix(hour: datetime) -> str:
+    """The prefix of every output of jobs made in that UTC hour."""
+    return check_prefix(f"{OUTPUTS}/{hour:%Y%m%d%H}/")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -133,6 +134,35 @@ class LocalBlobStore(BlobStore):
                     raise
                 folder = folder.parent
 
+    async def _folders(self, prefix: str) -> list[str]:
+        try:
+            # A root that is gone is a store that is down, not a store with nothing in it.
+            await asyncio.to_thread(self._check_root)
+            entries = await asyncio.to_thread(self._scan, prefix.rstrip("/"))
+        except OSError as exc:
+            raise self._unavailable("folders", exc) from exc
+        return [name for name, is_dir in entries if is_dir and not name.startswith(".")]
+
+    async def _delete_prefix(self, prefix: str) -> tuple[int, int]:
+        try:
+            return await asyncio.to_thread(self._remove_tree, self._path(prefix.rstrip("/")))
+        except OSError as exc:
+            raise self._unavailable("delete", exc) from exc
+
+    def _remove_tree(self, folder: Path) -> tuple[int, int]:
+        objects = size = 0
+        if not folder.is_dir():
+            return 0, 0
+        for parent, _dirs, files in os.walk(folder):
+            for name in files:
+                if not name.startswith("."):
+                    objects += 1
+                    with contextlib.suppress(FileNotFoundError):
+                        size += os.stat(os.path.join(parent, name)).st_size
+        shutil.rmtree(folder, onerror=_gone_is_fine)
+        self._remove([folder])  # and the folders above it, once empty
+        return objects, size
+
     async def _url(self, key: str, expires_seconds: int) -> str | None:
         return None  # the API streams local objects itself
 
@@ -183,3 +213,9 @@ class LocalBlobStore(BlobStore):
                 return sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it)
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+
+def _gone_is_fine(_function: object, _path: str, exc_info: tuple) -> None:
+    # Another replica's sweeper removing the same folder at the same time.
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]

@@ -4,7 +4,7 @@ are served with its other metrics."""
 
 from prometheus_client import Counter, Histogram
 
-OPERATIONS = ("put", "open", "read", "delete", "url", "ping", "keys")
+OPERATIONS = ("put", "open", "read", "delete", "url", "ping", "keys", "folders")
 
 WRITTEN_BYTES = Counter(
     "fibermill_blob_written_bytes", "Bytes written to the blob store", ["backend"]
@@ -17,6 +17,12 @@ OBJECTS_WRITTEN = Counter(
 OBJECTS_DELETED = Counter(
     "fibermill_blob_objects_deleted",
     "Keys deleted from the blob store (one already missing counts too: S3 does not say)",
+    ["backend"],
+)
+DELETED_BYTES = Counter(
+    "fibermill_blob_deleted_bytes",
+    "Bytes deleted from the blob store by retention (a folder deleted whole; deleting single "
+    "keys does not know their size)",
     ["backend"],
 )
 READ_BYTES = Counter(
@@ -39,7 +45,7 @@ FAILURES = Counter(
 
 def export(backend: str) -> None:
     """Make every series of a backend exist at 0, so rate() and alerts see them from the start."""
-    for counter in (WRITTEN_BYTES, OBJECTS_WRITTEN, OBJECTS_DELETED, READ_BYTES):
+    for counter in (WRITTEN_BYTES, OBJECTS_WRITTEN, OBJECTS_DELETED, DELETED_BYTES, READ_BYTES):
         counter.labels(backend)
     for operation in OPERATIONS:
         FAILURES.labels(backend, operation)

@@ -247,6 +247,31 @@ class S3BlobStore(BlobStore):
                 for item in page.get("Contents", ()):
                     yield item["Key"]
 
+    async def _folders(self, prefix: str) -> list[str]:
+        client = await self._get_client("folders")
+        paginator = client.get_paginator("list_objects_v2")
+        names = []
+        with self._errors("folders"):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
+                                                 Delimiter="/"):
+                for common in page.get("CommonPrefixes", ()):
+                    names.append(common["Prefix"][len(prefix):].rstrip("/"))
+        return names
+
+    async def _delete_prefix(self, prefix: str) -> tuple[int, int]:
+        # Listed and deleted a page (up to 1000 keys) at a time, so memory stays flat however
+        # many objects the folder holds.
+        client = await self._get_client("keys")
+        paginator = client.get_paginator("list_objects_v2")
+        objects = size = 0
+        with self._errors("keys"):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                contents = page.get("Contents", ())
+                await self._delete([item["Key"] for item in contents])
+                objects += len(contents)
+                size += sum(item["Size"] for item in contents)
+        return objects, size
+
     async def close(self) -> None:
         async with self._lock:
             self._client = self._presigner = None

@@ -81,7 +81,8 @@ async def _has_group(client: aioredis.Redis) -> bool:
 def test_readyz_is_503_while_a_loop_is_down(settings_env):
     with TestClient(create_app()) as client:
         loops = client.app.state.loops
-        assert {loop.name for loop in loops} == {"joiner", "janitor", "webhooks", "events"}
+        assert {loop.name for loop in loops} == {"joiner", "janitor", "webhooks", "events",
+                                                  "sweeper"}
         joiner = next(loop for loop in loops if loop.name == "joiner")
         joiner.running, joiner.last_error = False, "ConnectionError: gone"
         resp = client.get("/readyz")

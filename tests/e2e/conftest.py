@@ -90,6 +90,7 @@ def stack(redis_server, model_dir, tmp_path_factory):
         "FIBERMILL_HEARTBEAT_SECONDS": "0.5",
         "FIBERMILL_JANITOR_INTERVAL_SECONDS": "0.5",
         "FIBERMILL_WORKER_HEARTBEAT_TTL_SECONDS": "3",
+        "FIBERMILL_SWEEP_INTERVAL_SECONDS": "0.5",
         "FIBERMILL_WORKER_METRICS_PORT": str(metrics_port),
         "FIBERMILL_LOG_LEVEL": "WARNING",
     }

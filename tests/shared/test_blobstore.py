@@ -25,9 +25,11 @@ from shared.errors import (
     OutputNotFound,
     ServiceUnavailable,
 )
+from shared.job_ids import new_job_id
 from shared.settings import Settings
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+MADE = 1796205011.0  # 2026-12-02 09:50:11 UTC
 
 
 def sample(name: str, **labels: str) -> float:
@@ -39,7 +41,7 @@ async def listed(store: BlobStore, prefix: str = "") -> list[str]:
 
 
 async def test_round_trip(blob_store):
-    key = output_key("job1", 0)
+    key = output_key("job1", 0, "k1")
     await blob_store.put(key, PNG, "image/png")
 
     blob = await blob_store.open(key)
@@ -96,17 +98,18 @@ async def test_a_blob_is_read_once(blob_store):
 async def test_overwrite_of_the_same_key_keeps_one_object(blob_store):
     """A sub-request that runs twice writes its output under the same key: the second write
     replaces the first, and there is still one object."""
-    key = output_key("job2", 3)
-    assert key == output_key("job2", 3) == "outputs/job2/3.png"
+    job = new_job_id(MADE)
+    key = output_key(job, 3, "k1")
+    assert key == output_key(job, 3, "k1") == f"outputs/2026120209/k1/{job}/3.png"
     await blob_store.put(key, b"first attempt")
     await blob_store.put(key, b"second")
 
     assert await (await blob_store.open(key)).read() == b"second"
-    assert await listed(blob_store, "outputs/job2/") == [key]
+    assert await listed(blob_store, "outputs/") == [key]
 
 
 async def test_delete_is_idempotent(blob_store):
-    keys = [output_key("job3", i) for i in range(3)]
+    keys = [f"outputs/job3/{i}.png" for i in range(3)]
     for key in keys:
         await blob_store.put(key, PNG)
     await blob_store.put("outputs/other/0.png", PNG)
@@ -144,6 +147,43 @@ async def test_keys_by_prefix(blob_store):
     assert await listed(blob_store, "nothing/") == []
 
 
+async def test_folders_lists_the_folders_right_under_a_prefix(blob_store):
+    for key in ["outputs/2026120209/_/j/0.png", "outputs/2026120210/k/j/0.png",
+                "outputs/2026120210/k/j/1.png", "outputs/top.png", "files/f.jsonl"]:
+        await blob_store.put(key, b"x")
+
+    assert await blob_store.folders("outputs/") == ["2026120209", "2026120210"]
+    assert await blob_store.folders("") == ["files", "outputs"]
+    assert await blob_store.folders("outputs/2026120210/") == ["k"]
+    assert await blob_store.folders("nothing/") == []
+    with pytest.raises(InvalidBlobKey):
+        await blob_store.folders("outputs")  # not a folder
+
+
+async def test_delete_prefix_deletes_a_whole_folder_once(blob_store):
+    hour = "outputs/2026120209/"
+    for i in range(3):
+        await blob_store.put(f"{hour}k/j{i}/0.png", PNG)
+    await blob_store.put("outputs/2026120210/k/j/0.png", PNG)
+    deleted = sample("fibermill_blob_deleted_bytes_total", backend=blob_store.backend)
+
+    assert await blob_store.delete_prefix(hour) == 3
+    assert await listed(blob_store) == ["outputs/2026120210/k/j/0.png"]
+    assert sample("fibermill_blob_deleted_bytes_total",
+                  backend=blob_store.backend) - deleted == 3 * len(PNG)
+    assert await blob_store.delete_prefix(hour) == 0  # again: nothing, no error
+    assert await blob_store.folders("outputs/") == ["2026120210"]
+
+
+async def test_local_delete_prefix_takes_unfinished_writes_too(tmp_path):
+    store = LocalBlobStore(tmp_path / "root")
+    await store.put("outputs/2026120209/_/j/0.png", PNG)
+    (tmp_path / "root" / "outputs" / "2026120209" / "_" / "j" / ".1.png.ab.tmp").write_bytes(b"h")
+
+    assert await store.delete_prefix("outputs/2026120209/") == 1
+    assert list((tmp_path / "root").iterdir()) == []
+
+
 BAD_KEYS = ["", "/outputs/a.png", "../a.png", "outputs/../../etc/passwd", "outputs//a.png",
             "outputs/./a.png", "outputs/", ".hidden", "outputs/.a.png.123.tmp", "a\\b.png",
             "a b.png", "a\x00b", "é.png", "a" * 1025]
@@ -172,7 +212,7 @@ def test_valid_keys_pass_unchanged():
     for key in ["outputs/0f3c/12.png", "a", "x/y/z.tar.gz", "k=v/a-b_c+d@e~f,g.png"]:
         assert check_key(key) == key
     with pytest.raises(InvalidBlobKey):
-        output_key("job", -1)
+        output_key("job", -1, None)
 
 
 async def test_presigned_url_reads_the_object_with_a_plain_get(blob_store):

@@ -11,6 +11,7 @@ from services.api.deps import (
     BlobStoreDep,
     EventHubDep,
     JobDep,
+    JobIfKeptDep,
     JobStoreDep,
     LifecycleDep,
     PreferWaitDep,
@@ -76,13 +77,13 @@ async def list_jobs(
     return JobList(jobs=[envelope(r, settings.public_url) for r in recs])
 
 
-@router.get("/{job_id}", response_model=Job, responses=errors(401, 404))
+@router.get("/{job_id}", response_model=Job, responses=errors(401, 404, 410))
 async def get_job(job: JobDep, settings: SettingsDep) -> Job:
     """The job, with its outputs so far."""
     return envelope(job, settings.public_url)
 
 
-@router.post("/{job_id}/cancel", response_model=Job, responses=errors(401, 404))
+@router.post("/{job_id}/cancel", response_model=Job, responses=errors(401, 404, 410))
 async def cancel_job(job: JobDep, lifecycle: LifecycleDep, settings: SettingsDep) -> Job:
     """Cancel the job: outputs not finished stop at their next step. A final job is returned
     as it is."""
@@ -93,7 +94,7 @@ async def cancel_job(job: JobDep, lifecycle: LifecycleDep, settings: SettingsDep
             responses={200: {"content": {"text/event-stream": {}}, "description": (
                 "Server-Sent Events: `status` (the job), `progress` ({done, total}), `step` "
                 "({index, step, steps}) while outputs run; ends after the final status")},
-                       **errors(401, 404, 429)})
+                       **errors(401, 404, 410, 429)})
 async def stream_events(
     request: Request, job: JobDep, hub: EventHubDep, store: JobStoreDep, settings: SettingsDep,
     watchers: WatchersDep, principal: PrincipalDep,
@@ -125,10 +126,12 @@ def _json(data: dict) -> str:
     "/{job_id}/outputs/{index}",
     responses={200: {"content": {"image/png": {}, "application/json": {}}, "description": (
         "An image output as PNG; a text output as JSON ({\"output\": {text, finish_reason, "
-        "tokens}})")}, **errors(401, 404, 422)},
+        "tokens}})")}, **errors(401, 404, 410, 422)},
 )
-async def get_output(job: JobDep, index: int, store: JobStoreDep, blobs: BlobStoreDep,
-                     settings: SettingsDep) -> Response:
+async def get_output(job_id: str, job: JobIfKeptDep, index: int, principal: PrincipalDep,
+                     store: JobStoreDep, blobs: BlobStoreDep, settings: SettingsDep
+                     ) -> Response:
     """An output: an image as PNG (or a redirect to a presigned URL of it, when the server is
-    set up so), a text as JSON."""
-    return await output_response(job, index, store, blobs, settings)
+    set up so), a text as JSON. An image is kept longer than its job's record
+    (`FIBERMILL_OUTPUT_TTL_SECONDS`, 7 days by default), and is 410 Gone after that."""
+    return await output_response(job_id, job, index, principal.key_id, store, blobs, settings)

@@ -1,0 +1,69 @@
+"""Deletes the outputs whose retention ended (shared/retention.py), a whole hour at a time.
+
+Every API replica runs it: it keeps no state (it lists the hour folders under `outputs/` each
+time) and deleting is idempotent, so two replicas that sweep the same hour at once only repeat
+work, and a replica lost mid-sweep leaves the rest to the next sweep. An idle sweep costs one
+listing call. Everything filed under an hour goes, whatever became of its job: the partial
+outputs of a job that failed or was canceled, and a second run's rewrite of an output alike.
+"""
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+
+from prometheus_client import Counter, Gauge
+
+from shared.asyncio_compat import raise_if_cancelled
+from shared.blobstore import BlobStore, hour_prefix
+from shared.blobstore.keys import OUTPUTS
+from shared.errors import BlobStoreUnavailable
+from shared.retention import hour_expired
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FOLDERS_SWEPT = Counter("fibermill_retention_folders_swept",
+                      "Hour folders of outputs deleted because their retention ended")
+OLDEST_HOUR_AGE = Gauge(
+    "fibermill_retention_oldest_output_age_seconds",
+    "Age of the oldest hour of outputs still in the blob store, at the last sweep (stays "
+    "below the output TTL plus an hour and the sweep interval while the sweeper keeps up)")
+
+
+class Sweeper:
+    def __init__(self, blobs: BlobStore, settings: Settings) -> None:
+        self.blobs = blobs
+        self.settings = settings
+
+    async def run(self) -> None:
+        while True:
+            raise_if_cancelled()
+            try:
+                await self.sweep()
+            except BlobStoreUnavailable as exc:
+                # Not this replica's fault, and /readyz reports the store itself: the next
+                # sweep picks up where this one stopped.
+                log.warning("retention: sweep put off until the blob store is back: %s", exc)
+            await asyncio.sleep(self.settings.sweep_interval_seconds)
+
+    async def sweep(self, now: float | None = None) -> int:
+        """Delete every hour of outputs past its retention; the number of objects deleted."""
+        now = time.time() if now is None else now
+        deleted = 0
+        kept: list[datetime] = []
+        for name in await self.blobs.folders(f"{OUTPUTS}/"):
+            try:
+                hour = datetime.strptime(name, "%Y%m%d%H").replace(tzinfo=UTC)
+            except ValueError:
+                continue  # not an hour folder: not the sweeper's to delete
+            if not hour_expired(hour, self.settings.output_ttl_seconds, now):
+                kept.append(hour)
+                continue
+            objects = await self.blobs.delete_prefix(hour_prefix(hour))
+            FOLDERS_SWEPT.inc()
+            deleted += objects
+            log.info("retention: deleted %d outputs of jobs made in the hour from %s",
+                     objects, hour.isoformat())
+        OLDEST_HOUR_AGE.set(now - min(kept).timestamp() if kept else 0)
+        return deleted
