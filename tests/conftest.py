@@ -50,7 +50,8 @@ def redis_server(tmp_path_factory) -> RedisServer:
 
 @pytest.fixture
 def redis_url(redis_server) -> str:
-    redis.Redis.from_url(redis_server.url).flushdb()
+    with redis.Redis.from_url(redis_server.url) as r:
+        r.flushdb()
     return redis_server.url
 
 

@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
-from services.devstack.redis_server import find_redis_server, free_port
+from services.devstack.redis_server import TUNING, find_redis_server, free_port
 from shared import names
 
 READY_TIMEOUT = 240.0
@@ -68,7 +68,7 @@ class Stack:
         self.redis_dir.mkdir(parents=True, exist_ok=True)
         cmd = [find_redis_server(), "--port", str(self.redis_port), "--bind", "127.0.0.1",
                "--dir", str(self.redis_dir), "--save", "", "--appendonly", "yes",
-               "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
+               "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", *TUNING,
                "--logfile", str((self.logdir / "redis.log").resolve())]
         self.redis = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         client = redis.Redis(port=self.redis_port)
