@@ -1,8 +1,11 @@
 """Each job has an address, /#/jobs/{id}: set when it is submitted or opened, kept by a
 reload, and shown to whoever opens it; and a finished job's bars read as finished."""
 
+import time
+
 import pytest
 
+from shared.job_ids import new_job_id
 from tests.ui.helpers import IMAGES_LOADED, choose, job_posts, open_page
 
 pytestmark = pytest.mark.e2e
@@ -91,4 +94,21 @@ def test_a_succeeded_jobs_bars_are_full_and_marked_done(page):
     page.wait_for_function(IMAGES_LOADED, arg=2)
     assert page.evaluate(FILLED, "#done-fill") == 100
     assert page.get_attribute("#done-meter", "data-state") == "done"
+    assert page.page_errors == []
+
+
+def test_a_recent_job_whose_record_expired_reads_as_expired(page):
+    """Its record is gone after the record TTL: the API answers 410, and the page stops
+    offering to follow or cancel it."""
+    old = new_job_id(time.time() - 2 * 86400)
+    page.goto("/")
+    page.evaluate("""id => localStorage.setItem("fibermill.recent", JSON.stringify(
+        [{id, model: "digits", status: "running"}]))""", old)
+    open_page(page)
+    row = page.locator(f"#recent tr[data-id='{old}']")
+    row.locator(".badge.expired").wait_for()
+    assert row.locator("button[data-action=cancel]").count() == 0
+
+    open_page(page, path=f"/#/jobs/{old}")  # its link says why
+    page.wait_for_selector(f"text=job {old} has expired")
     assert page.page_errors == []

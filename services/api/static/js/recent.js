@@ -69,9 +69,11 @@ export class RecentJobs {
       try {
         this.update(await getJSON(`/v1/jobs/${job.id}`));
       } catch (err) {
-        // Finished jobs expire after a while; a job of another key reads as unknown too.
-        if (err instanceof ApiError && err.status === 404) this.update({ id: job.id,
-          status: "expired" });
+        // Finished jobs expire after a while (410); a job of another key reads as unknown
+        // (404), and so does a job kept by a server that has since lost it.
+        if (err instanceof ApiError && (err.status === 410 || err.status === 404)) {
+          this.update({ id: job.id, status: "expired" });
+        }
       }
     }
   }
