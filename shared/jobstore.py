@@ -106,7 +106,8 @@ class JobStore:
         and returns the job as stored."""
         meta = meta or JobMeta()
         mapping = {
-            "meta": meta.model_dump_json(),
+            # Defaults and nulls left out: every byte is kept per job for the record's TTL.
+            "meta": meta.model_dump_json(exclude_defaults=True),
             "task": task,
             "model": model,
             "input": json.dumps(input),
@@ -297,7 +298,7 @@ class JobStore:
             ],
             args=[
                 result.index,
-                result.model_dump_json(),
+                result.model_dump_json(exclude_none=True),
                 job_id,
                 int(result.ok),
                 member,
