@@ -28,6 +28,10 @@ from shared.messages import (
 
 # A deadline or a dispatch the janitor took but did not finish with is due again this much later.
 RETRY_CLAIM_SECONDS = 30.0
+# A final job's sub-results and attempts are kept this long, not for the record's TTL: the
+# record's output holds every output, and these only say how it ran (for a reader that raced
+# its end, or an operator looking right after). ~700 B of each finished job's ~2 KB.
+RAN_TTL_SECONDS = 300
 JOBS_INDEX_SIZE = 1000  # recent jobs listed per API key
 TRIM_INDEX_EVERY = 16  # creates between two trims of an owner's index (it may pass the size
 # by what this many creates add, per replica, in between)
@@ -252,6 +256,7 @@ class JobStore:
                 names.FINAL_CHANNEL,
                 names.CANCEL_CHANNEL,
                 CancelNotice(job_id=job_id).encode(),
+                min(self.finished_ttl, RAN_TTL_SECONDS),
             ],
         )
         if res == -1:
@@ -355,7 +360,8 @@ class JobStore:
             return 0
         jobs = [m.rpartition(":")[0] for m in members]
         return await self._charge(
-            keys=[names.LEASES, names.LEASE_OWNERS, *map(names.attempts_key, jobs)],
+            keys=[names.LEASES, names.LEASE_OWNERS, *map(names.attempts_key, jobs),
+                  *map(names.job_key, jobs)],
             args=[worker, *members],
         )
 

@@ -62,10 +62,13 @@ return tostring(now)
 # ARGV: status, output json, error json ('' for none), ttl seconds, job id, what else the job
 # has ('*': anything; else letters: w webhook deliveries, d a deadline, f a `completed`
 # webhook, k outstanding sub-requests), the final channel, the cancel channel, the cancel
-# notice.
+# notice, the TTL of what ran it.
 # Returns the time it became final (completed_at), 0 if it already was, -1 if gone. In the same
 # step:
-# - every key of the job gets its TTL;
+# - the job's record (and its webhook deliveries) get the finished TTL; its results and
+#   attempts, needed only while it runs, a short one (the record's output holds every output,
+#   and a late sub-result or attempt of a final job is refused: STORE_RESULT,
+#   CHARGE_ATTEMPTS);
 # - a `final` stream entry, when the job wants a `completed` webhook, so that it is sent by some
 #   API replica even if the one that finalized dies;
 # - every outstanding sub-request of the job leaves the backlog (a final job has none
@@ -91,8 +94,8 @@ end
 local all = ARGV[6] == '*'
 local function has(c) return all or string.find(ARGV[6], c, 1, true) ~= nil end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-redis.call('EXPIRE', KEYS[3], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[10])
+redis.call('EXPIRE', KEYS[3], ARGV[10])
 if has('w') then redis.call('EXPIRE', KEYS[4], ARGV[4]) end
 if has('f') then
   redis.call('XADD', KEYS[5], '*', 'job', ARGV[5], 'kind', 'final')
@@ -185,22 +188,29 @@ return {'acquired', tostring(n + 1)}
 """
 )
 
-# KEYS: leases, owners, then the attempts hash of each member's job. ARGV: worker, members...
+# KEYS: leases, owners, then the attempts hash of each member's job, then each member's job.
+# ARGV: worker, members...
 # A batch is about to start on the device: each of its sub-requests that this worker still
 # leases is charged one attempt. Only what starts is charged, so when a worker is lost only what
 # it was running pays for it (a poison sub-request that crashes its worker still runs out of
-# attempts). Returns how many were charged.
-CHARGE_ATTEMPTS = """
+# attempts). A member whose job is final or gone is not charged: its attempts may have expired
+# already, and a charge would make them again, with no TTL. Returns how many were charged.
+CHARGE_ATTEMPTS = (
+    _FINAL
+    + """
 local n = 0
+local members = #ARGV - 1
 for i = 2, #ARGV do
   local m = ARGV[i]
-  if redis.call('HGET', KEYS[2], m) == ARGV[1] then
+  local st = redis.call('HGET', KEYS[members + i + 1], 'status')
+  if st and not is_final(st) and redis.call('HGET', KEYS[2], m) == ARGV[1] then
     redis.call('HINCRBY', KEYS[i + 1], string.match(m, ':(%d+)$'), 1)
     n = n + 1
   end
 end
 return n
 """
+)
 
 # KEYS: leases, owners. ARGV: worker, lease seconds, members...
 # Renews only the leases this worker still owns (the janitor may have taken one away).

@@ -14,7 +14,9 @@ from fastapi.responses import RedirectResponse, StreamingResponse
 
 from shared.blobstore import Blob, BlobStore, output_key
 from shared.errors import BlobNotFound, JobExpired, JobNotFound, OutputExpired, OutputNotFound
+from shared.inputs import TextOutput
 from shared.jobstore import JobRecord, JobStore
+from shared.messages import GeneratedText
 from shared.retention import outputs_expired, record_expired
 from shared.settings import Settings
 
@@ -31,15 +33,33 @@ async def output_response(job_id: str, job: JobRecord | None, index: int, owner:
         return await _without_record(job_id, index, owner, store, blobs, settings)
     if not 0 <= index < job.total:
         raise OutputNotFound(f"job {job.id} has outputs 0..{job.total - 1}, not {index}")
+    if job.final:
+        return await _from_record(job, index, blobs, settings)
     result = await store.result(job.id, index)
     if result is None or result.output is None:
         raise OutputNotFound(f"output {index} of job {job.id} is not ready")
     if job.task == "text-generation":
-        return Response(result.model_dump_json(include={"output"}),
-                        media_type="application/json")
+        return _text(result.output)
     if result.blob is None:
         raise OutputNotFound(f"output {index} of job {job.id} has no image")
     return await _image(result.blob, blobs, settings)
+
+
+async def _from_record(job: JobRecord, index: int, blobs: BlobStore,
+                       settings: Settings) -> Response:
+    """A final job's output, from its record: its sub-results are gone once it is final."""
+    entry = job.output[index] if job.output and index < len(job.output) else None
+    if entry is None:
+        raise OutputNotFound(f"output {index} of job {job.id} was not made: the job "
+                             f"{job.status.value}")
+    if job.task == "text-generation":
+        return _text(TextOutput.model_validate(entry))
+    return await _image(output_key(job.id, index, job.meta.owner), blobs, settings)
+
+
+def _text(output: GeneratedText) -> Response:
+    body = GeneratedText.model_validate(output.model_dump(include=set(GeneratedText.model_fields)))
+    return Response(f'{{"output":{body.model_dump_json()}}}', media_type="application/json")
 
 
 async def _without_record(job_id: str, index: int, owner: str | None, store: JobStore,

@@ -84,3 +84,46 @@ def test_with_redirects_on_the_client_gets_a_presigned_url(s3, bucket, redis_url
         location = resp.headers["location"]
         assert location.startswith(f"{s3.url}/{bucket}/{output_key(job_id, 0, None)}?")
         assert httpx.get(location).content == PNG  # a plain GET, with no credentials
+
+
+def test_a_final_jobs_outputs_come_from_its_record(redis_url, settings_env, monkeypatch):
+    """Once final, a job's sub-results expire within minutes: its record's output serves it,
+    text as JSON and an image from where its id and owner file it."""
+    import redis.asyncio as aioredis
+
+    from shared import names
+    from shared.blobstore.local import LocalBlobStore
+    from shared.messages import GeneratedText
+    from shared.settings import get_settings
+
+    with _client(monkeypatch, redirect=False) as client:
+        text_id = client.post("/v1/jobs", json={"model": "tiny-gpt2",
+                                                "input": {"prompts": ["a"]}}).json()["id"]
+        image_id = client.post("/v1/jobs", json={"model": "digits",
+                                                 "input": {"prompts": ["3"]}}).json()["id"]
+
+        async def finish():
+            await LocalBlobStore(get_settings().blob_dir).put(
+                output_key(image_id, 0, None), PNG, "image/png")
+            r = aioredis.Redis.from_url(redis_url)
+            store = JobStore(r)
+            await store.store_result(text_id, SubResult(index=0, worker="w1", output=GeneratedText(
+                text="hello", finish_reason="length", tokens=2)))
+            await store.store_result(image_id, SubResult(
+                index=0, output=GeneratedImage(seed=1, width=16, height=16),
+                blob=output_key(image_id, 0, None), worker="w1"))
+            for job_id in (text_id, image_id):
+                for _ in range(200):
+                    if (await store.get(job_id)).final:
+                        break
+                    await asyncio.sleep(0.05)
+                await r.delete(names.results_key(job_id))  # as once they expired
+            await r.aclose()
+
+        asyncio.run(finish())
+        text = client.get(f"/v1/jobs/{text_id}/outputs/0")
+        assert text.status_code == 200, text.text
+        assert text.json() == {"output": {"text": "hello", "finish_reason": "length",
+                                          "tokens": 2}}
+        image = client.get(f"/v1/jobs/{image_id}/outputs/0")
+        assert image.status_code == 200 and image.content == PNG

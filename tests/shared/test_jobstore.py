@@ -8,7 +8,7 @@ import pytest
 from shared import names
 from shared.errors import JobNotFound
 from shared.job import JobStatus
-from shared.jobstore import JobStore
+from shared.jobstore import RAN_TTL_SECONDS, JobStore
 from shared.messages import GeneratedText, SubRequest, SubResult, TextItem
 
 FINALS = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED]
@@ -65,12 +65,36 @@ async def test_concurrent_finalize_has_one_winner(store):
     assert sum(wins) == 1
 
 
-async def test_finished_job_gets_ttl(store, aredis):
+async def test_a_finished_job_keeps_its_record_for_the_ttl_and_drops_what_ran_it(store,
+                                                                                  aredis):
+    """Redis holds what is live: the record (with every output) stays for the finished TTL;
+    the sub-results and attempts, needed only while the job ran, go within minutes."""
     await _job(store)
+    sub = _sub()
+    await store.acquire_lease(sub, "w1", 30, 3)
+    await store.charge_attempts([sub.member], "w1")
     await store.store_result("j1", SubResult(index=0, output=_text("x")))
     await store.finalize("j1", JobStatus.SUCCEEDED, [{"text": "x"}])
-    for key in (names.job_key("j1"), names.results_key("j1")):
-        assert 0 < await aredis.ttl(key) <= 3600
+    assert 0 < await aredis.ttl(names.job_key("j1")) <= 3600
+    assert (await store.get("j1")).output == [{"text": "x"}]
+    for key in (names.results_key("j1"), names.attempts_key("j1")):
+        assert 0 < await aredis.ttl(key) <= RAN_TTL_SECONDS
+
+
+async def test_a_final_jobs_late_sub_request_leaves_nothing_behind(store, aredis):
+    """A worker still running a sub-request of a job that failed fast or was canceled: its
+    attempt and its result are refused, so no key without a TTL is made again."""
+    await _job(store, total=2)
+    sub = _sub()
+    await store.acquire_lease(sub, "w1", 30, 3)
+    await store.finalize("j1", JobStatus.CANCELED, [None, None])
+    await aredis.delete(names.results_key("j1"), names.attempts_key("j1"))  # expired
+    assert await store.charge_attempts([sub.member], "w1") == 0
+    assert await store.store_result("j1", SubResult(index=0, output=_text("late"),
+                                                    worker="w1")) == -2
+    for key in (names.results_key("j1"), names.attempts_key("j1")):
+        assert not await aredis.exists(key)
+    assert await aredis.ttl(names.job_key("j1")) > 0
 
 
 async def test_concurrent_duplicate_results_are_written_once(store, aredis):
@@ -284,8 +308,9 @@ async def test_finalize_announces_the_job_and_returns_it_as_stored(store, aredis
     # No webhook: no `final` entry; the result's is the only one.
     kinds = [f[b"kind"] for _id, f in await aredis.xrange(names.COMPLETIONS_STREAM)]
     assert kinds == [b"result"]
-    for key in (names.job_key("j1"), names.results_key("j1"), names.attempts_key("j1")):
-        assert 0 < await aredis.ttl(key) <= 3600
+    assert 0 < await aredis.ttl(names.job_key("j1")) <= 3600
+    for key in (names.results_key("j1"), names.attempts_key("j1")):
+        assert 0 < await aredis.ttl(key) <= RAN_TTL_SECONDS
 
 
 async def test_finalize_takes_a_job_with_a_deadline_out_of_the_deadlines(store, aredis):
