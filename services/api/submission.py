@@ -54,7 +54,7 @@ class Submissions:
         digest = (idempotency.body_digest({**req.model_dump(mode="json"), "task": spec.task})
                   if idempotency_key is not None else "")
         _choose_seed(inp)
-        probe = _probe(spec, inp)
+        probe = _probe(spec, inp, principal.key_id)
         # Split before storing, so a job that cannot be split is never accepted.
         subs = self.dispatcher.subrequests(probe)
         async with self.claims.hold(
@@ -122,7 +122,8 @@ def _choose_seed(inp: TaskInput) -> None:
         inp.seed = secrets.randbelow(2**31 - 1)
 
 
-def _probe(spec: ModelSpec, inp: TaskInput) -> JobRecord:
-    """The record the job will have, under a new id, for splitting it before it is stored."""
+def _probe(spec: ModelSpec, inp: TaskInput, owner: str | None) -> JobRecord:
+    """The record the job will have, under a new id, for splitting it before it is stored
+    (its sub-requests carry the owner: their outputs are filed under it)."""
     return JobRecord(new_job_id(), spec.task, spec.name, JobStatus.QUEUED,
-                     inp.model_dump(mode="json"), 0, 0.0)
+                     inp.model_dump(mode="json"), 0, 0.0, meta=JobMeta(owner=owner))

@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from fastapi.testclient import TestClient
 
@@ -107,3 +108,19 @@ def test_an_output_past_its_retention_is_gone_while_its_record_is_kept(client, r
     assert client.get(f"/v1/jobs/{job_id}", headers=_as(KEY_A)).status_code == 200
     resp = client.get(f"/v1/jobs/{job_id}/outputs/0", headers=_as(KEY_A))
     assert resp.status_code == 410 and resp.json()["code"] == "expired"
+
+
+def test_a_jobs_sub_requests_carry_its_owner_so_its_images_are_filed_under_it(client,
+                                                                             redis_url):
+    import base64
+    import json
+
+    from shared.queue_depth import priority_lists
+
+    job = client.post("/v1/jobs", json={"model": "digits", "input": {"prompts": ["3", "8"]}},
+                      headers=_as(KEY_A)).json()
+    with redis.Redis.from_url(redis_url) as r:
+        raw = [m for key in priority_lists("digits") for m in r.lrange(key, 0, -1)]
+    subs = [json.loads(base64.b64decode(json.loads(m)["body"]))[0][0] for m in raw]
+    assert sorted(s["index"] for s in subs if s["job_id"] == job["id"]) == [0, 1]
+    assert {s["owner"] for s in subs if s["job_id"] == job["id"]} == {key_id(digest(KEY_A))}

@@ -87,15 +87,16 @@ async def test_a_store_that_is_down_fails_the_sweep_loudly(tmp_path):
 
 async def test_the_loop_waits_out_a_store_that_is_down_and_sweeps_once_it_is_back(tmp_path):
     mount = tmp_path / "volume"
-    mount.write_text("not mounted yet")
     store = LocalBlobStore(mount / "blobs")
+    old = await _outputs(store, time.time() - 8 * DAY, 1)
+    mount.rename(tmp_path / "away")
+    mount.write_text("the volume is gone")
     sweeper = Sweeper(store, Settings(output_ttl_seconds=7 * DAY, sweep_interval_seconds=0.05))
     loop = asyncio.create_task(sweeper.run())
     await asyncio.sleep(0.2)
     assert not loop.done()  # failed sweeps are put off, not fatal to the loop
     mount.unlink()
-    mount.mkdir()
-    old = await _outputs(store, time.time() - 8 * DAY, 1)
+    (tmp_path / "away").rename(mount)
     deadline = time.monotonic() + 30
     while (mount / "blobs" / old[0]).exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
