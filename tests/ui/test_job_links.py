@@ -55,8 +55,13 @@ def test_recent_jobs_link_to_their_jobs_and_back_goes_to_the_previous_one(page):
     for digit in ("3", "8"):
         choose(page, "digits", [digit])
         page.click("#submit")
+        # The new job's card, not the last one's: it still reads succeeded until the POST is in.
+        page.wait_for_function("known => { const id = document.querySelector('#job-id'); "
+                               "return id && id.textContent && !known.includes(id.textContent) }",
+                               arg=ids)
         page.wait_for_selector("#job-status.succeeded")
         ids.append(page.text_content("#job-id"))
+    assert len(set(ids)) == 2
     first = page.locator(f"#recent tr[data-id='{ids[0]}'] a[data-action=open]")
     assert first.get_attribute("href") == f"#/jobs/{ids[0]}"
 
