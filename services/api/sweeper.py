@@ -38,6 +38,9 @@ class Sweeper:
 
     async def run(self) -> None:
         while True:
+            # An interval first: replicas that start together (a rollout) do not all sweep at
+            # once, and nothing is due so urgently that a start must wait on a listing.
+            await asyncio.sleep(self.settings.sweep_interval_seconds)
             raise_if_cancelled()
             try:
                 await self.sweep()
@@ -45,7 +48,6 @@ class Sweeper:
                 # Not this replica's fault, and /readyz reports the store itself: the next
                 # sweep picks up where this one stopped.
                 log.warning("retention: sweep put off until the blob store is back: %s", exc)
-            await asyncio.sleep(self.settings.sweep_interval_seconds)
 
     async def sweep(self, now: float | None = None) -> int:
         """Delete every hour of outputs past its retention; the number of objects deleted."""

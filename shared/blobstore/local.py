@@ -73,6 +73,10 @@ class LocalBlobStore(BlobStore):
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                continue  # the folder was deleted (a sweep) under the write: write it again
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise

@@ -34,6 +34,8 @@ def _as(key: str) -> dict:
 @pytest.fixture
 def client(settings_env, monkeypatch):
     monkeypatch.setenv("FIBERMILL_API_KEYS", f"{KEY_A},{KEY_B}")
+    # No sweep during a test: an expired output must be refused before it is swept.
+    monkeypatch.setenv("FIBERMILL_SWEEP_INTERVAL_SECONDS", "3600")
     get_settings.cache_clear()
     with TestClient(create_app()) as c:
         yield c
