@@ -10,6 +10,7 @@ applied to an id whose record is gone.
 from datetime import datetime, timedelta
 
 from shared.blobstore import hour_of
+from shared.errors import JobExpired, JobNotFound
 from shared.job_ids import created_at
 
 HOUR = timedelta(hours=1)
@@ -31,3 +32,10 @@ def record_expired(job_id: str, finished_ttl_seconds: int, now: float) -> bool:
     id, or one made more recently, was never made here."""
     made = created_at(job_id)
     return made is not None and made + finished_ttl_seconds <= now
+
+
+def missing_job(job_id: str, finished_ttl_seconds: int, now: float) -> JobNotFound:
+    """The error for a job whose record is not found: expired (410) or never made (404)."""
+    if record_expired(job_id, finished_ttl_seconds, now):
+        return JobExpired(job_id, finished_ttl_seconds)
+    return JobNotFound(job_id)

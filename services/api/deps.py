@@ -19,10 +19,10 @@ from services.api.ratelimit import RateLimiter, bucket_key
 from services.api.submission import Submissions
 from services.api.watchers import Watchers
 from shared.blobstore import BlobStore
-from shared.errors import JobExpired, JobNotFound
+from shared.errors import JobNotFound
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry
-from shared.retention import record_expired
+from shared.retention import missing_job
 from shared.settings import Settings
 
 SettingsDep = Annotated[Settings, Depends(current_settings)]
@@ -98,9 +98,7 @@ JobIfKeptDep = Annotated[JobRecord | None, Depends(_job_if_kept)]
 
 async def _job(job_id: str, rec: JobIfKeptDep, store: JobStoreDep) -> JobRecord:
     if rec is None:  # 410 or 404, in services/api/errors.py
-        if record_expired(job_id, store.finished_ttl, time.time()):
-            raise JobExpired(job_id, store.finished_ttl)
-        raise JobNotFound(job_id)
+        raise missing_job(job_id, store.finished_ttl, time.time())
     return rec
 
 

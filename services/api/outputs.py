@@ -13,11 +13,11 @@ from fastapi import Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 
 from shared.blobstore import Blob, BlobStore, output_key
-from shared.errors import BlobNotFound, JobExpired, JobNotFound, OutputExpired, OutputNotFound
+from shared.errors import BlobNotFound, OutputExpired, OutputNotFound
 from shared.inputs import TextOutput
 from shared.jobstore import JobRecord, JobStore
 from shared.messages import GeneratedText
-from shared.retention import outputs_expired, record_expired
+from shared.retention import missing_job, outputs_expired
 from shared.settings import Settings
 
 # Outputs never change once stored: a browser may keep them for as long as the job lives.
@@ -58,8 +58,8 @@ async def _from_record(job: JobRecord, index: int, blobs: BlobStore,
 
 
 def _text(output: GeneratedText) -> Response:
-    body = GeneratedText.model_validate(output.model_dump(include=set(GeneratedText.model_fields)))
-    return Response(f'{{"output":{body.model_dump_json()}}}', media_type="application/json")
+    body = output.model_dump_json(include=set(GeneratedText.model_fields))
+    return Response(f'{{"output":{body}}}', media_type="application/json")
 
 
 async def _without_record(job_id: str, index: int, owner: str | None, store: JobStore,
@@ -71,9 +71,7 @@ async def _without_record(job_id: str, index: int, owner: str | None, store: Job
         except BlobNotFound:
             pass
     # No image: a text job's outputs lived in its record; or the id was never made here.
-    if record_expired(job_id, store.finished_ttl, time.time()):
-        raise JobExpired(job_id, store.finished_ttl)
-    raise JobNotFound(job_id)
+    raise missing_job(job_id, store.finished_ttl, time.time())
 
 
 async def _image(key: str, blobs: BlobStore, settings: Settings,
