@@ -55,6 +55,15 @@ class UnknownModel(InvalidInput):
         super().__init__("model", f"unknown model {model!r}; known models: {', '.join(known)}")
 
 
+class ModelNotFound(FibermillError):
+    """A model asked for by name in a path (GET /v1/models/{model}) that the registry lacks."""
+
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"model {model!r} not found")
+
+
 class JobNotFound(FibermillError):
     code = "not_found"
 
@@ -132,6 +141,19 @@ class IdempotencyConflict(FibermillError):
 
 class PayloadTooLarge(FibermillError):
     code = "payload_too_large"
+
+
+class WaitTimedOut(FibermillError):
+    """A synchronous call (the OpenAI-compatible endpoints) waited its longest for its job,
+    which runs on: the message names it, so the caller can still collect it."""
+
+    code = "timeout"
+
+    def __init__(self, job_id: str, seconds: int) -> None:
+        super().__init__(
+            f"job {job_id} did not finish within {seconds} s (FIBERMILL_OPENAI_WAIT_SECONDS); "
+            f"it runs on: GET /v1/jobs/{job_id}")
+        self.job_id = job_id
 
 
 class DeadlineExceeded(FibermillError):

@@ -113,6 +113,9 @@ class TextGenerationInput(_Input):
     stop: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]] = Field(
         default_factory=list, description="Strings that end a prompt's generation; the text "
         "returned stops before the first one found")
+    stream: bool = Field(False, description="Publish each output's text on the job's event "
+                         "stream as it is decoded (`output` events, every few tokens); "
+                         "otherwise output events come at most about ten times a second")
 
     @field_validator("max_new_tokens")
     @classmethod

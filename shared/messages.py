@@ -101,6 +101,9 @@ class TextItem(BaseModel):
     top_k: int = 0
     seed: int = 0
     stop: list[str] = []
+    # Its text is published as it is decoded, every read (OpenAI `stream: true`); otherwise
+    # throttled like step events.
+    stream: bool = False
 
 
 class ImageItem(BaseModel):
@@ -151,6 +154,8 @@ class GeneratedText(BaseModel):
         "stop: the end-of-text token or a stop string; length: max_new_tokens reached; "
         "canceled: the job was canceled while it generated"))
     tokens: int = Field(description="Number of generated tokens")
+    prompt_tokens: int | None = Field(None, description="Number of prompt tokens the model "
+                                      "read (after truncation to its context)")
 
 
 class GeneratedImage(BaseModel):
@@ -223,6 +228,26 @@ class StepEvent(Message):
     data: StepData
 
 
+class OutputData(BaseModel):
+    index: int  # the sub-request
+    text: str  # text decoded since this index's previous output event
+    # Where `text` starts in the output's text: a receiver sees a lost event as a gap, and a
+    # sub-request run again (after a drain, a lost worker) as a repeat from an earlier offset.
+    offset: int = 0
+    tokens: int  # tokens generated so far
+    # Set on the index's last output event, which carries the rest of its text.
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int | None = None
+
+
+class OutputEvent(Message):
+    """New text of a text sub-request, as its worker decodes it: the deltas of one index, in
+    order, add up to its output's text."""
+
+    event: Literal["output"] = "output"
+    data: OutputData
+
+
 class ProgressEvent(Message):
     event: Literal["progress"] = "progress"
     data: Progress
@@ -236,11 +261,12 @@ class StatusEvent(Message):
     data: dict[str, Any]
 
 
-LiveEvent = Annotated[StepEvent | ProgressEvent | StatusEvent, Field(discriminator="event")]
+LiveEvent = Annotated[StepEvent | OutputEvent | ProgressEvent | StatusEvent,
+                      Field(discriminator="event")]
 _LIVE_EVENT: TypeAdapter[LiveEvent] = TypeAdapter(LiveEvent)
 
 
-def decode_event(raw: str | bytes) -> StepEvent | ProgressEvent | StatusEvent:
+def decode_event(raw: str | bytes) -> StepEvent | OutputEvent | ProgressEvent | StatusEvent:
     return _LIVE_EVENT.validate_json(raw)
 
 

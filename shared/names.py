@@ -77,3 +77,42 @@ def webhook_throttle_key(job_id: str) -> str:
 def ratelimit_key(who: str) -> str:
     """One caller's job-submission token bucket ("key:<id>", "ip:<addr>" or "anonymous")."""
     return f"{PREFIX}:ratelimit:{who}"
+
+
+# OpenAI Files and Batch API (services/api/batches/).
+def file_key(file_id: str) -> str:
+    """One file's metadata (hash, TTL = file_ttl_seconds); its bytes are in the blob store."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def files_index_key(owner: str | None) -> str:
+    """One API key's files (zset, every score 0: ids sort by time, listed by lex range)."""
+    return f"{PREFIX}:files:{owner or '_open'}"
+
+
+def batch_key(batch_id: str) -> str:
+    """One batch: its OpenAI object's fields, plus what the driver needs (hash)."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batches_index_key(owner: str | None) -> str:
+    """One API key's batches (zset, every score 0, like files_index_key)."""
+    return f"{PREFIX}:batches:{owner or '_open'}"
+
+
+BATCHES_ACTIVE = f"{PREFIX}:batches:active"  # set: batches a driver must still move on
+
+
+def batch_lease_key(batch_id: str) -> str:
+    """Which API replica drives the batch (string, PX lease renewed while it drives)."""
+    return f"{PREFIX}:batch:{batch_id}:lease"
+
+
+def batch_jobs_key(batch_id: str) -> str:
+    """A batch's lines submitted and not yet done: line index -> job id (hash)."""
+    return f"{PREFIX}:batch:{batch_id}:jobs"
+
+
+def batch_done_key(batch_id: str) -> str:
+    """A batch's finished lines: line index -> "o" or "e" + the output or error file's line."""
+    return f"{PREFIX}:batch:{batch_id}:done"

@@ -12,7 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from shared.errors import UnknownModel
+from shared.errors import ModelNotFound, UnknownModel
 
 Task = Literal["text-generation", "image-generation"]
 
@@ -69,6 +69,9 @@ class ModelSpec(BaseModel):
     pool_sets: int = Field(2, ge=0)
     # Backpressure: sub-requests waiting in this model's queue past which submits get a 503.
     max_queue_depth: int | None = Field(None, ge=1)
+    # Causal LMs that chat: a Jinja chat template in the Hugging Face format (`messages`,
+    # `add_generation_prompt`), rendered by the API into the job's prompt.
+    chat_template: str | None = None
 
     @property
     def task(self) -> Task:
@@ -89,6 +92,13 @@ class ModelRegistry(BaseModel):
             return self.models[name]
         except KeyError:
             raise UnknownModel(name, sorted(self.models)) from None
+
+    def find(self, name: str) -> ModelSpec:
+        """As `get`, for a name in a path rather than a request's field (404, not 422)."""
+        try:
+            return self.models[name]
+        except KeyError:
+            raise ModelNotFound(name) from None
 
     @classmethod
     def load(cls, path: Path) -> "ModelRegistry":

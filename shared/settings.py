@@ -126,6 +126,19 @@ class Settings(BaseSettings):
     # How often each API replica looks for expired outputs (any replica may; it is idempotent).
     sweep_interval_seconds: float = Field(300.0, gt=0)
 
+    # OpenAI-compatible endpoints (services/api/openai)
+    # How long a synchronous chat, completion or image call waits for its job; past it the
+    # answer is a 504 naming the job, which runs on (GET /v1/jobs/{id}).
+    openai_wait_seconds: int = Field(600, ge=1)
+    # Batch API: input files up to this size; how long files (input, output, error) are kept,
+    # counted from their upload or making, swept by the hour like outputs.
+    max_file_bytes: int = Field(100_000_000, ge=1024)
+    file_ttl_seconds: int = Field(30 * 24 * 3600, ge=3600)
+    # The queue priority of a batch's jobs (0 first, 9 last): interactive jobs (5 by default)
+    # pass them. A batch keeps at most this many of its lines queued or running at once.
+    batch_priority: int = Field(9, ge=0, le=9)
+    batch_max_in_flight: int = Field(256, ge=1)
+
     @model_validator(mode="after")
     def _visibility_above_time_limit(self) -> "Settings":
         # The broker must not redeliver a sub-request that is still legitimately running.

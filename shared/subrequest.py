@@ -21,6 +21,7 @@ def split_items(
                 top_k=inp.top_k,
                 seed=seed + i,
                 stop=inp.stop,
+                stream=inp.stream,
             )
             for i, p in enumerate(inp.prompts)
         ]

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from services.api import errors, openapi, shutdown
+from services.api.batches.driver import batch_driver
 from services.api.body_limit import BodyLimitMiddleware
 from services.api.dispatch import Dispatcher
 from services.api.events import EventHub
@@ -20,8 +21,10 @@ from services.api.joiner import Joiner
 from services.api.lifecycle import Lifecycle
 from services.api.notify import Notifier
 from services.api.ratelimit import RateLimiter
-from services.api.routes import docs, health, jobs, models, ui
+from services.api.routes import docs, health, jobs, models, openai, ui
 from services.api.routes import metrics as metrics_route
+from services.api.routes.batches import router as batches_router
+from services.api.routes.files import router as files_router
 from services.api.submission import Submissions
 from services.api.supervisor import Supervised
 from services.api.sweeper import Sweeper
@@ -72,6 +75,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     s.loops = [Supervised("joiner", s.joiner.run), Supervised("janitor", s.janitor.run),
                Supervised("webhooks", outbox.run), Supervised("events", s.hub.run),
                Supervised("sweeper", Sweeper(blobs, settings).run)]
+    s.loops.append(Supervised("batches", batch_driver(s, settings, consumer).run))
     tasks = [asyncio.create_task(loop.run(), name=loop.name) for loop in s.loops]
     try:
         yield
@@ -91,6 +95,9 @@ def create_app() -> FastAPI:
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(models.router)
+    app.include_router(openai.router)
+    app.include_router(files_router)
+    app.include_router(batches_router)
     app.include_router(health.router)
     app.include_router(metrics_route.router)
     app.include_router(ui.router)

@@ -4,6 +4,10 @@ A declared Content-Length over the limit is refused before the app runs. Otherwi
 are counted as the app receives them; the message that passes the limit is not handed on.
 The 413 goes out at once, and the app is told the client went away, so whatever it does next
 (FastAPI answers a lost body with a 400) never reaches the client.
+
+A few routes take larger bodies (`larger`): a file upload (`POST /v1/files`) may be up to
+`max_file_bytes`, plus what its multipart framing adds; the route itself checks the file's own
+size against the limit.
 """
 
 import json
@@ -12,6 +16,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.errors import render
 from shared.errors import PayloadTooLarge
+from shared.settings import get_settings
+
+# What multipart framing (boundaries, part headers, the `purpose` field) may add to a file.
+MULTIPART_SLACK = 64 * 1024
+
+
+def default_larger() -> dict[tuple[str, str], tuple[int, str]]:
+    """(method, path) -> (limit, what it limits) of the routes that take larger bodies."""
+    limit = get_settings().max_file_bytes
+    return {("POST", "/v1/files"): (
+        limit + MULTIPART_SLACK,
+        f"the file is larger than the limit of {limit} bytes (FIBERMILL_MAX_FILE_BYTES)")}
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -25,16 +41,22 @@ def _content_length(scope: Scope) -> int | None:
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int,
+                 larger: dict[tuple[str, str], tuple[int, str]] | None = None) -> None:
         self.app, self.max_bytes = app, max_bytes
+        self.larger = default_larger() if larger is None else larger
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope.get("path", "")
+        limit, why = self.larger.get(
+            (scope.get("method", ""), path.rstrip("/")),
+            (self.max_bytes, f"request body is larger than the limit of {self.max_bytes} bytes"))
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._reject(send)
+        if declared is not None and declared > limit:
+            await self._reject(send, path, why)
             return
 
         received = 0
@@ -47,10 +69,10 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > limit:
                     rejected = True
                     if not started:  # else the app's own reply is under way; it must end it
-                        await self._reject(send)
+                        await self._reject(send, path, why)
                         answered = True
                     return {"type": "http.disconnect"}
             return message
@@ -70,10 +92,8 @@ class BodyLimitMiddleware:
             if not rejected:
                 raise
 
-    async def _reject(self, send: Send) -> None:
-        status, payload, headers = render(
-            PayloadTooLarge(f"request body is larger than the limit of {self.max_bytes} bytes")
-        )
+    async def _reject(self, send: Send, path: str, why: str) -> None:
+        status, payload, headers = render(PayloadTooLarge(why), path)
         body = json.dumps(payload).encode()
         await send(
             {

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.api.openai.errors import error_body, openai_error, speaks_openai
 from shared.errors import (
     Expired,
     FibermillError,
@@ -18,11 +19,13 @@ from shared.errors import (
     InvalidInput,
     InvalidTransition,
     JobNotFound,
+    ModelNotFound,
     OutputNotFound,
     PayloadTooLarge,
     RateLimited,
     ServiceUnavailable,
     Unauthorized,
+    WaitTimedOut,
 )
 from shared.problems import sentence
 
@@ -36,9 +39,11 @@ STATUS = {
     InvalidInput: 422,
     Expired: 410,
     JobNotFound: 404,
+    ModelNotFound: 404,
     OutputNotFound: 404,
     InvalidTransition: 409,
     ServiceUnavailable: 503,
+    WaitTimedOut: 504,
 }
 
 
@@ -49,12 +54,15 @@ def _status(exc: FibermillError) -> int:
     return 500
 
 
-def render(exc: FibermillError) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """A domain error as an HTTP answer: (status, JSON body, headers). Used by the exception
-    handler below and by middleware that answers before the app runs (body_limit)."""
+def render(exc: FibermillError, path: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
+    """A domain error as an HTTP answer: (status, JSON body, headers), in OpenAI's format on
+    its paths. Used by the exception handler below and by middleware that answers before the
+    app runs (body_limit)."""
     status = _status(exc)
     body: dict[str, Any]
-    if isinstance(exc, InvalidInput):
+    if speaks_openai(path):
+        status, body = openai_error(exc, status)
+    elif isinstance(exc, InvalidInput):
         # The same shape as FastAPI's own validation errors, so clients parse one format.
         body = {"detail": [{"loc": ["body", *p.field.split(".")], "msg": p.message,
                             "type": p.code} for p in exc.problems]}
@@ -68,15 +76,20 @@ def render(exc: FibermillError) -> tuple[int, dict[str, Any], dict[str, str]]:
     return status, body, headers
 
 
-async def _domain_error(_request: Request, exc: FibermillError) -> JSONResponse:
-    status, body, headers = render(exc)
+async def _domain_error(request: Request, exc: FibermillError) -> JSONResponse:
+    status, body, headers = render(exc, request.url.path)
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
-async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     # FastAPI's own answer in the project's words, every problem at once; values JSON cannot
     # carry (NaN, Infinity) are echoed as text: its default handler fails to encode them and
     # answers 500.
+    if speaks_openai(request.url.path):
+        problems = [(".".join(str(p) for p in e["loc"][1:] if p != "body") or "body",
+                     sentence(e)) for e in exc.errors()]
+        return JSONResponse(error_body("; ".join(f"{f}: {m}" for f, m in problems),
+                                       param=problems[0][0]), status_code=400)
     errors = []
     for e in exc.errors():
         e = {**e, "msg": sentence(e)}
@@ -97,10 +110,12 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:
+async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
     log.warning("redis unavailable: %s", exc)
+    message = "the job store is unavailable; retry shortly"
     return JSONResponse(
-        {"detail": "the job store is unavailable; retry shortly", "code": "unavailable"},
+        error_body(message, "server_error", code="unavailable")
+        if speaks_openai(request.url.path) else {"detail": message, "code": "unavailable"},
         status_code=503,
         headers={"Retry-After": "5"},
     )

@@ -25,7 +25,7 @@ from services.api.envelope import envelope
 from shared import names
 from shared.asyncio_compat import raise_if_cancelled
 from shared.jobstore import JobRecord, JobStore
-from shared.messages import StepEvent, decode_event
+from shared.messages import OutputEvent, StepEvent, decode_event
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +245,9 @@ async def job_events(
     stop: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[tuple[str, dict]]:
     """Yield (event, data) pairs: `status` (the whole job) on every status change, `progress`
-    when sub-requests finish, `step` for denoise/decode steps, until the job is final or
-    `stop()` (checked at least once a second) says this replica is draining."""
+    when sub-requests finish, `step` for denoise/decode steps, `output` for text as it is
+    decoded, until the job is final or `stop()` (checked at least once a second) says this
+    replica is draining."""
     async with hub.listen(job_id, live=True) as listener:  # before reading: nothing slips by
         rec = await store.get(job_id)
         yield "status", _status(rec, public_url)
@@ -255,8 +256,8 @@ async def job_events(
             item = await listener.next(timeout=POLL_SECONDS)
             if isinstance(item, bytes):
                 event = decode_event(item)
-                if isinstance(event, StepEvent):
-                    yield event.event, event.data.model_dump()
+                if isinstance(event, StepEvent | OutputEvent):
+                    yield event.event, event.data.model_dump(mode="json")
                     continue
             rec = item if isinstance(item, JobRecord) else await store.get(job_id)
             if rec.done > done:

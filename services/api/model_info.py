@@ -1,7 +1,7 @@
 """What GET /v1/models says of each model: its task, its own parameters with their ranges and
 defaults, and which live workers serve it."""
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -17,6 +17,12 @@ class ModelWorker(BaseModel):
 
 
 class ModelInfo(BaseModel):
+    # OpenAI's model object (GET /v1/models answers both APIs):
+    id: str = Field(description="The model's name (OpenAI's field)")
+    object: Literal["model"] = Field("model", description="Always model (OpenAI's field)")
+    created: int = Field(description="When the model's files were last written (Unix time; 0 "
+                         "when the API cannot see them)")
+    owned_by: str = Field("fibermill", description="Always fibermill (OpenAI's field)")
     name: str = Field(description="The value of a job's `model` field")
     task: Task = Field(description="What the model does; a job's `task` may be left out")
     kind: str = Field(description="The model family, which decides how it is run")
@@ -30,18 +36,30 @@ class ModelInfo(BaseModel):
         "Class-conditional models: the words that select each class in a prompt"))
     workers: list[ModelWorker] = Field(description="Live workers that serve the model")
     available: bool = Field(description="Whether at least one live worker serves it now")
+    chat: bool = Field(description="Whether it has a chat template: /v1/chat/completions "
+                       "takes it (text models; /v1/completions takes every one)")
 
 
 class ModelList(BaseModel):
-    models: list[ModelInfo] = Field(description="By name")
+    object: Literal["list"] = Field("list", description="Always list (OpenAI's field)")
+    data: list[ModelInfo] = Field(description="By name (OpenAI's field)")
+    models: list[ModelInfo] = Field(description="By name; the same list as `data`")
 
 
 def describe(spec: ModelSpec, workers: list[WorkerHeartbeat]) -> ModelInfo:
     serving = [w for w in workers if spec.name in w.models]
     return ModelInfo(
+        id=spec.name, created=_created(spec), chat=spec.chat_template is not None,
         name=spec.name, task=spec.task, kind=spec.kind, description=spec.description,
         parameters=parameters.parameters(spec), defaults=parameters.defaults(spec),
         limits=parameters.limits(spec), classes=spec.classes or None,
         workers=[ModelWorker(id=w.id, device=w.device, in_flight=w.in_flight) for w in serving],
         available=bool(serving),
     )
+
+
+def _created(spec: ModelSpec) -> int:
+    try:
+        return int(spec.path.stat().st_mtime)
+    except OSError:  # an API replica need not hold the model files
+        return 0

@@ -46,15 +46,17 @@ class Submissions:
 
     async def submit(
         self, req: JobRequest, principal: Principal, idempotency_key: str | None,
-        base_url: str | None = None,
+        base_url: str | None = None, job_id: str | None = None,
     ) -> Submitted:
+        """`job_id`, when given, is the new job's id (from `new_job_id()`): a caller that
+        listens to the job's events subscribes before the job exists, and misses none."""
         spec, inp = await self._check(req, idempotency_key)
         # Of the body as sent (its task filled in, so leaving it out means the same), before a
         # seed is chosen; only an Idempotency-Key needs it.
         digest = (idempotency.body_digest({**req.model_dump(mode="json"), "task": spec.task})
                   if idempotency_key is not None else "")
         _choose_seed(inp)
-        probe = _probe(spec, inp, principal.key_id)
+        probe = _probe(spec, inp, principal.key_id, job_id or new_job_id())
         # Split before storing, so a job that cannot be split is never accepted.
         subs = self.dispatcher.subrequests(probe)
         async with self.claims.hold(
@@ -122,8 +124,8 @@ def _choose_seed(inp: TaskInput) -> None:
         inp.seed = secrets.randbelow(2**31 - 1)
 
 
-def _probe(spec: ModelSpec, inp: TaskInput, owner: str | None) -> JobRecord:
-    """The record the job will have, under a new id, for splitting it before it is stored
-    (its sub-requests carry the owner: their outputs are filed under it)."""
-    return JobRecord(new_job_id(), spec.task, spec.name, JobStatus.QUEUED,
+def _probe(spec: ModelSpec, inp: TaskInput, owner: str | None, job_id: str) -> JobRecord:
+    """The record the job will have, for splitting it before it is stored (its sub-requests
+    carry the owner: their outputs are filed under it)."""
+    return JobRecord(job_id, spec.task, spec.name, JobStatus.QUEUED,
                      inp.model_dump(mode="json"), 0, 0.0, meta=JobMeta(owner=owner))

@@ -5,6 +5,10 @@ time) and deleting is idempotent, so two replicas that sweep the same hour at on
 work, and a replica lost mid-sweep leaves the rest to the next sweep. An idle sweep costs one
 listing call. Everything filed under an hour goes, whatever became of its job: the partial
 outputs of a job that failed or was canceled, and a second run's rewrite of an output alike.
+
+Files (the Batch API's input, output and error files, and a batch's copy of its input) are swept
+the same way under `files/`, by `file_ttl_seconds`: their metadata in Redis expires with that
+TTL counted from the file's making, and its bytes go with their hour, at most an hour later.
 """
 
 import asyncio
@@ -14,6 +18,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import Counter, Gauge
 
+from services.api.batches.files import FILES, files_hour_prefix
 from shared.asyncio_compat import raise_if_cancelled
 from shared.blobstore import BlobStore, hour_prefix
 from shared.blobstore.keys import OUTPUTS
@@ -25,6 +30,9 @@ log = logging.getLogger(__name__)
 
 FOLDERS_SWEPT = Counter("fibermill_retention_folders_swept",
                       "Hour folders of outputs deleted because their retention ended")
+FILE_FOLDERS_SWEPT = Counter("fibermill_retention_file_folders_swept",
+                             "Hour folders of files (Batch API) deleted because their "
+                             "retention ended")
 OLDEST_HOUR_AGE = Gauge(
     "fibermill_retention_oldest_output_age_seconds",
     "Age of the oldest hour of outputs still in the blob store, at the last sweep (stays "
@@ -50,8 +58,30 @@ class Sweeper:
                 log.warning("retention: sweep put off until the blob store is back: %s", exc)
 
     async def sweep(self, now: float | None = None) -> int:
-        """Delete every hour of outputs past its retention; the number of objects deleted."""
+        """Delete every hour of outputs, and of files, past its retention; the number of
+        outputs deleted."""
         now = time.time() if now is None else now
+        await self.sweep_files(now)
+        return await self.sweep_outputs(now)
+
+    async def sweep_files(self, now: float | None = None) -> int:
+        """Delete every hour of files past `file_ttl_seconds`; the number of files deleted."""
+        now = time.time() if now is None else now
+        deleted = 0
+        for name in await self.blobs.folders(f"{FILES}/"):
+            try:
+                hour = datetime.strptime(name, "%Y%m%d%H").replace(tzinfo=UTC)
+            except ValueError:
+                continue
+            if hour_expired(hour, self.settings.file_ttl_seconds, now):
+                objects = await self.blobs.delete_prefix(files_hour_prefix(hour))
+                FILE_FOLDERS_SWEPT.inc()
+                deleted += objects
+                log.info("retention: deleted %d files made in the hour from %s", objects,
+                         hour.isoformat())
+        return deleted
+
+    async def sweep_outputs(self, now: float) -> int:
         deleted = 0
         kept: list[datetime] = []
         for name in await self.blobs.folders(f"{OUTPUTS}/"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from services.devstack import bench_engine, bench_peers
+from services.devstack import bench_engine, bench_openai, bench_peers
 from services.devstack.bench_lifecycle import cancel_to_free, webhook_latency
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
@@ -65,7 +65,10 @@ def main() -> None:
         redis_proc = start_redis(rport, Path(tmp), appendonly=False)
         env = {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
                "FIBERMILL_WORKER_METRICS_PORT": "0", "FIBERMILL_LOG_LEVEL": "WARNING",
-               "FIBERMILL_WEBHOOK_ALLOW_PRIVATE": "true"}
+               "FIBERMILL_WEBHOOK_ALLOW_PRIVATE": "true",
+               # The individual jobs the batch is measured against are not rate-limited.
+               "FIBERMILL_RATE_LIMIT_PER_MINUTE": "1000000",
+               "FIBERMILL_RATE_LIMIT_BURST": "100000"}
         workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         api = start_api(port, env)
         procs = [api, workers, redis_proc]
@@ -88,6 +91,7 @@ def main() -> None:
                     "`completed` webhook, from the job's completed_at to the receiver":
                         webhook_latency(http, args.n),
                 }
+            oai = bench_openai.run(base)
         finally:
             stop(procs)
     engine = bench_engine.run(n=args.burst)
@@ -113,6 +117,7 @@ def main() -> None:
     for name, r in lifecycle.items():
         lines.append(f"| {name} | {r['n']} | {r['median'] * 1000:.1f} | {r['p90'] * 1000:.1f} "
                      f"| {r['min'] * 1000:.1f} | {r['max'] * 1000:.1f} |")
+    lines += ["", *bench_openai.report(oai)]
     lines += ["", *bench_engine.report(engine)]
     if peers is not None:
         lines += ["", *bench_peers.report(peers, header=True, machine=machine())]

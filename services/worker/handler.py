@@ -39,7 +39,7 @@ def _generated(result: TextResult | ImageResult) -> Generated:
         image = GeneratedImage(seed=result.seed, width=result.width, height=result.height)
         return image, result.png
     text = GeneratedText(text=result.text, finish_reason=result.finish_reason,
-                         tokens=result.tokens)
+                         tokens=result.tokens, prompt_tokens=result.prompt_tokens)
     return text, None
 
 
@@ -105,10 +105,13 @@ class Handler:
         result = SubResult(index=sub.index, worker=self.worker_id, started_at=flight.started)
         blob = None
         t0 = time.perf_counter()
+        on_text = self.progress.text_hook(flight)
         try:
-            result.output, blob = _generated(
-                await arrival.submit(sub.item, self.progress.hook(flight), tag=sub.member,
-                                     isolate=sub.isolated))
+            made = await arrival.submit(sub.item, self.progress.hook(flight), tag=sub.member,
+                                        isolate=sub.isolated, on_text=on_text)
+            # Its last output event goes out before the result that may make the job final.
+            await on_text.flushed()
+            result.output, blob = _generated(made)
             outcome = Outcome.SUCCEEDED
         except PipelineStopped:
             outcome = await self._stopped(flight)

@@ -1,22 +1,33 @@
-"""Per-step progress of a running sub-request, published for the job's live event stream.
+"""Live progress of a running sub-request, published for the job's live event stream.
 
-Pipelines call their `should_stop` hook once between denoise or decode steps; that boundary is
-also where progress is counted, so this hook does both. Publishing is fire-and-forget and
-throttled to one event per `MIN_INTERVAL_SECONDS` (the first at the first step, so that even a
-short sub-request shows it started): a slow Redis never slows the device thread.
+Steps: pipelines call their `should_stop` hook once between denoise or decode steps; that
+boundary is also where progress is counted, so this hook does both. Text: the decoder hands a
+text sub-request's `on_text` hook (`TextPublisher`) its row after every read of the tokens, and
+the new text goes out as `output` events. Publishing is fire-and-forget and throttled to one
+event per `MIN_INTERVAL_SECONDS` (the first at once, so that even a short sub-request shows it
+started; an item that asked for `stream` gets its text at every read): a slow Redis never slows
+the device thread.
 """
 
 import asyncio
+import logging
 import time
+from concurrent.futures import Future
 
 import redis.asyncio as aioredis
 
 from services.worker.engine.batch import ShouldStop
 from services.worker.flights import InFlight
+from services.worker.pipelines.text_stream import TextUpdate
 from shared import names
-from shared.messages import ImageItem, StepData, StepEvent
+from shared.messages import ImageItem, OutputData, OutputEvent, StepData, StepEvent, TextItem
+
+log = logging.getLogger(__name__)
 
 MIN_INTERVAL_SECONDS = 0.1
+# The longest a finished text sub-request waits for its output events to be published before
+# its result is stored (which may make the job final and end its event streams).
+FLUSH_SECONDS = 1.0
 
 
 class ProgressPublisher:
@@ -43,3 +54,63 @@ class ProgressPublisher:
             return flight.stop.is_set()
 
         return should_stop
+
+    def text_hook(self, flight: InFlight) -> "TextPublisher":
+        """The `on_text` hook of a text sub-request (engine/engine.py)."""
+        return TextPublisher(self.redis, self.loop, flight)
+
+
+class TextPublisher:
+    """Publishes a text sub-request's new text as `output` events: at every read that made
+    some when its item asked for `stream`, otherwise at most once per `MIN_INTERVAL_SECONDS`
+    (the text adds up in between). Either way its first text goes out at once, and its final
+    event (the rest of the text, finish_reason, prompt_tokens) always; a row asked to stop
+    publishes nothing more. Each event's publish waits for the one before under a lock, which
+    asyncio hands over in arrival order: two events of one index cannot cross on two pooled
+    connections."""
+
+    def __init__(self, redis: aioredis.Redis, loop: asyncio.AbstractEventLoop,
+                 flight: InFlight) -> None:
+        self.redis, self.loop, self.flight = redis, loop, flight
+        self.channel = names.events_channel(flight.sub.job_id)
+        item = flight.sub.item
+        self.every_read = isinstance(item, TextItem) and item.stream
+        self.sent = 0  # characters published so far
+        self.last_sent = 0.0
+        self._order = asyncio.Lock()
+        self._last: Future | None = None  # the latest publish handed to the loop
+
+    def __call__(self, update: TextUpdate) -> None:
+        """On the device thread, after a read that advanced the row."""
+        final = update.finish_reason is not None
+        now = time.monotonic()
+        if not final:
+            if self.flight.stop.is_set():
+                return
+            if not (self.every_read or self.sent == 0
+                    or now - self.last_sent >= MIN_INTERVAL_SECONDS):
+                return
+        text = update.text()
+        if len(text) <= self.sent and not final:
+            return
+        data = OutputData(index=self.flight.sub.index, text=text[self.sent:], offset=self.sent,
+                          tokens=update.tokens,
+                          finish_reason=update.finish_reason,
+                          prompt_tokens=update.prompt_tokens if final else None)
+        self.sent, self.last_sent = len(text), now
+        self._last = asyncio.run_coroutine_threadsafe(
+            self._publish(OutputEvent(data=data).encode()), self.loop)
+
+    async def _publish(self, payload: str) -> None:
+        async with self._order:
+            try:
+                await self.redis.publish(self.channel, payload)
+            except Exception:  # best effort, as every live event
+                log.debug("output event of %s not published", self.flight.sub.member,
+                          exc_info=True)
+
+    async def flushed(self, timeout: float = FLUSH_SECONDS) -> None:
+        """Wait (at most `timeout`) until the events handed over so far are published, so that
+        the last one is on the job's channel before the result that may make the job final."""
+        if self._last is not None:
+            await asyncio.wait([asyncio.wrap_future(self._last)], timeout=timeout)

@@ -11,7 +11,16 @@ import redis.asyncio as aioredis
 from services.api.events import EventHub, job_events, wait_final
 from shared import names
 from shared.job import JobMeta, JobStatus
-from shared.messages import StepData, StepEvent, SubRequest, SubResult, TextItem
+from shared.messages import (
+    FinishReason,
+    OutputData,
+    OutputEvent,
+    StepData,
+    StepEvent,
+    SubRequest,
+    SubResult,
+    TextItem,
+)
 
 
 @pytest.fixture
@@ -158,6 +167,28 @@ async def test_event_streams_share_the_job_channel_and_leave_it(hub, store, ared
         while (await aredis.pubsub_numsub(channel)) != [(channel.encode(), 0)]:
             await asyncio.sleep(0.02)
     assert await _pubsub_clients(aredis) == 1
+
+
+async def test_an_event_stream_yields_text_as_it_is_decoded(hub, store, aredis):
+    await _job(store, "j1")
+    stream = job_events(hub, store, "j1", "")
+    assert (await stream.__anext__())[0] == "status"
+    channel = names.events_channel("j1")
+    deltas = [OutputData(index=0, text="Hel", tokens=2),
+              OutputData(index=0, text="lo", offset=3, tokens=3,
+                         finish_reason=FinishReason.LENGTH, prompt_tokens=4)]
+    for data in deltas:
+        await aredis.publish(channel, OutputEvent(data=data).encode())
+    assert [await stream.__anext__() for _ in deltas] == [
+        ("output", {"index": 0, "text": "Hel", "offset": 0, "tokens": 2,
+                    "finish_reason": None, "prompt_tokens": None}),
+        ("output", {"index": 0, "text": "lo", "offset": 3, "tokens": 3,
+                    "finish_reason": "length", "prompt_tokens": 4}),
+    ]
+    await store.finalize("j1", JobStatus.CANCELED, [None])
+    assert (await stream.__anext__())[1]["status"] == "canceled"
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
 
 
 def test_prefer_wait_opens_no_connection_of_its_own(settings_env, redis_url):

@@ -23,7 +23,7 @@ def test_a_text_model_lists_only_text_parameters(models, model_dir):
     spec = load_registry(model_dir / "registry.yaml").get("tiny-gpt2")
     gpt2 = models["tiny-gpt2"]
     assert set(gpt2["parameters"]) == {"prompts", "seed", "max_new_tokens", "temperature",
-                                       "top_p", "top_k", "stop"}
+                                       "top_p", "top_k", "stop", "stream"}
     assert gpt2["parameters"]["max_new_tokens"] | {"description": ""} == {
         "type": "integer", "minimum": 1, "maximum": spec.limits.max_new_tokens,
         "default": spec.defaults.max_new_tokens, "description": ""}
@@ -65,3 +65,20 @@ def test_the_listed_bounds_are_the_ones_enforced(client, models, name):
     resp = client.post("/v1/jobs", json={"model": name, "input": {"prompts": [prompt], **over}})
     assert resp.status_code == 422
     assert {d["loc"][-1] for d in resp.json()["detail"]} == set(over)
+
+
+def test_the_list_is_also_openais(client):
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list" and body["data"] == body["models"]
+    for m in body["data"]:
+        assert m["id"] == m["name"] and m["object"] == "model" and m["owned_by"] == "fibermill"
+        assert isinstance(m["created"], int) and m["created"] > 0  # the files are here
+    chat = {m["id"] for m in body["data"] if m["chat"]}
+    assert chat == {"pydoc-gpt2"}  # the one model with a chat template
+
+
+def test_one_model_by_name(client):
+    one = client.get("/v1/models/tiny-gpt2")
+    assert one.status_code == 200 and one.json()["id"] == "tiny-gpt2"
+    missing = client.get("/v1/models/no-such-model")
+    assert missing.status_code == 404 and "no-such-model" in missing.json()["detail"]

@@ -124,6 +124,6 @@ def test_a_final_jobs_outputs_come_from_its_record(redis_url, settings_env, monk
         text = client.get(f"/v1/jobs/{text_id}/outputs/0")
         assert text.status_code == 200, text.text
         assert text.json() == {"output": {"text": "hello", "finish_reason": "length",
-                                          "tokens": 2}}
+                                          "tokens": 2, "prompt_tokens": None}}
         image = client.get(f"/v1/jobs/{image_id}/outputs/0")
         assert image.status_code == 200 and image.content == PNG

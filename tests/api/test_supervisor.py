@@ -82,7 +82,7 @@ def test_readyz_is_503_while_a_loop_is_down(settings_env):
     with TestClient(create_app()) as client:
         loops = client.app.state.loops
         assert {loop.name for loop in loops} == {"joiner", "janitor", "webhooks", "events",
-                                                  "sweeper"}
+                                                  "sweeper", "batches"}
         joiner = next(loop for loop in loops if loop.name == "joiner")
         joiner.running, joiner.last_error = False, "ConnectionError: gone"
         resp = client.get("/readyz")

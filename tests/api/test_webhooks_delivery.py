@@ -28,7 +28,8 @@ from shared.settings import Settings
 from tests.api.conftest import WEBHOOK_SECRET
 
 # A finished text job's output, as the joiner assembles it.
-OUTPUT = [{"text": "ok", "finish_reason": "stop", "tokens": 1, "worker": "w/1"}]
+OUTPUT = [{"text": "ok", "finish_reason": "stop", "tokens": 1, "prompt_tokens": 3,
+           "worker": "w/1"}]
 
 HOOK_HOST = "hooks.example.test"
 

@@ -5,11 +5,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 
 from services.worker.runtime import WorkerRuntime
+from shared import names
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
-from shared.messages import SubRequest, TextItem
+from shared.messages import OutputEvent, SubRequest, TextItem
 from shared.registry import load_registry
 from shared.settings import Settings
 
@@ -52,11 +54,29 @@ def test_runs_once_and_skips_a_duplicate(runtime, job):
     assert runtime.handle(_sub()) == "succeeded"
     first = _results(runtime)[0]
     assert first.output.tokens == 3 and first.worker == runtime.id
+    assert first.output.prompt_tokens == 3  # "hello", to this tiny tokenizer
     assert runtime.handle(_sub()) == "done"
     assert _results(runtime)[0] == first
     assert len(runtime.flights) == 0
     # Charged once, as it started on the device; the duplicate never started.
     assert runtime.call(runtime.store.attempts("j1", 0)) == 1
+
+
+def test_streamed_text_is_published_before_its_result_is_stored(runtime, job, redis_url):
+    job()
+    pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(names.events_channel("j1"))
+    assert pubsub.get_message(timeout=1) is None  # the subscription, confirmed
+    assert runtime.handle(_sub(max_new_tokens=30, stream=True)) == "succeeded"
+    outputs = []
+    while (msg := pubsub.get_message(timeout=0.01)) is not None:
+        if (event := msg["data"]).startswith(b'{"event":"output"'):
+            outputs.append(OutputEvent.decode(event).data)
+    pubsub.close()
+    stored = _results(runtime)[0].output
+    assert "".join(d.text for d in outputs) == stored.text
+    assert (outputs[-1].finish_reason, outputs[-1].prompt_tokens) == ("length", 3)
+    assert len(outputs) > 2  # at every read
 
 
 def test_concurrent_deliveries_run_the_model_once(runtime, job):

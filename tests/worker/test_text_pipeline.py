@@ -1,10 +1,12 @@
 """The causal-LM text pipeline on the tiny random GPT-2: batching, seeding, budgets and stops."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
 import torch
 
+from services.worker.engine.batch import Batch
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
@@ -142,3 +144,25 @@ def test_should_stop_raises_between_steps(pipeline: CausalLMTextPipeline) -> Non
     assert calls == 3
     # A caller that never asks to stop gets the whole result.
     assert pipeline.run(items, should_stop=lambda: False) == pipeline.run(items)
+
+
+def test_results_count_the_prompt_tokens_the_model_read(pipeline: CausalLMTextPipeline) -> None:
+    long_prompt = " ".join(["word"] * 1200)  # kept to the model's last 1,023 positions
+    items = [TextItem(prompt=p, max_new_tokens=6) for p in PROMPTS]
+    items += [TextItem(prompt=long_prompt, max_new_tokens=3),
+              TextItem(prompt=PROMPTS[0], max_new_tokens=15, stop=["e", "a", "o"])]
+    results = pipeline.run(items)
+    expected = [len(pipeline.tokenizer(p)["input_ids"]) for p in PROMPTS]
+    assert [r.prompt_tokens for r in results] == [*expected, pipeline.cache_len - 1, expected[0]]
+    assert results[-1].finish_reason == "stop"
+    # A row asked to stop counts them too, in what it had made.
+    calls = 0
+
+    def stop_soon() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls >= 3
+
+    batch = Batch(items[:2], [None, stop_soon])
+    _, stopped = asyncio.run(pipeline.run_async(batch))
+    assert (stopped.finish_reason, stopped.prompt_tokens) == ("canceled", expected[1])

@@ -93,7 +93,10 @@ async def cancel_job(job: JobDep, lifecycle: LifecycleDep, settings: SettingsDep
 @router.get("/{job_id}/events", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": (
                 "Server-Sent Events: `status` (the job), `progress` ({done, total}), `step` "
-                "({index, step, steps}) while outputs run; ends after the final status")},
+                "({index, step, steps}) while outputs run, `output` ({index, text, tokens, "
+                "finish_reason, prompt_tokens}: text as it is decoded, text jobs only; an "
+                "index's texts in order add up to its output's text); ends after the final "
+                "status")},
                        **errors(401, 404, 410, 429)})
 async def stream_events(
     request: Request, job: JobDep, hub: EventHubDep, store: JobStoreDep, settings: SettingsDep,

@@ -19,6 +19,7 @@ from services.worker.engine.start import OnStart, announce_start
 from services.worker.pipelines.base import GraphPipeline, ImageResult, Pipeline, TextResult
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text_decoder import Decoder
+from services.worker.pipelines.text_stream import OnText
 from shared.messages import ImageItem, TextItem
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,10 @@ class Arrival:
 
     async def submit(self, item, should_stop: ShouldStop | None = None,
                      withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-                     isolate: bool = False):
+                     isolate: bool = False, on_text: OnText | None = None):
         self.submitted = True
         self.engine.intake.expected -= 1
-        return await self.engine.submit(item, should_stop, withdrawn, tag, isolate)
+        return await self.engine.submit(item, should_stop, withdrawn, tag, isolate, on_text)
 
 
 class Engine:
@@ -75,13 +76,14 @@ class Engine:
     async def submit(
         self, item: TextItem | ImageItem, should_stop: ShouldStop | None = None,
         withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-        isolate: bool = False,
+        isolate: bool = False, on_text: OnText | None = None,
     ) -> TextResult | ImageResult:
         """The item's result. `should_stop` is its stop hook between steps; `withdrawn` says,
         without counting a step, that it was stopped while still queued; `tag` names it to
-        `on_start`; an `isolate`d item runs alone."""
+        `on_start`; an `isolate`d item runs alone; `on_text` hears a text item's text as it is
+        decoded (image items have none)."""
         if isinstance(self.intake, Decoder):
-            return await self.intake.submit(item, should_stop, withdrawn, tag, isolate)
+            return await self.intake.submit(item, should_stop, withdrawn, tag, isolate, on_text)
         key = self.pipeline.batch_key(item)
         return await self.batcher.submit(item, key, should_stop, withdrawn, tag, isolate)
 

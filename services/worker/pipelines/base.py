@@ -32,6 +32,7 @@ class TextResult:
     text: str
     finish_reason: FinishReason
     tokens: int  # number of generated tokens
+    prompt_tokens: int | None = None  # prompt ids the model read (after truncation)
 
 
 @dataclass

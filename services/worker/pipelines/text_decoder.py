@@ -10,7 +10,8 @@ An iteration, on the model's device thread:
 
     admit (prefill the new rows) -> up to `STEPS_PER_READ` decode steps -> one read of the
     tokens made (the only host read, counted in `sync`) -> push them through each row's
-    EOS / stop / budget rules on the host -> retire the rows that ended
+    EOS / stop / budget rules on the host -> tell each row's `on_text` hook what it has now
+    (pipelines/text_stream.py) -> retire the rows that ended
 
 Rows never take more steps than the smallest budget left among them, so no row runs past its
 budget and its cache columns always fit. Greedy rows give `generate`'s tokens, sampled rows
@@ -36,6 +37,7 @@ from services.worker.pipelines.base import TextResult
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text_rows import Row, Sequence
 from services.worker.pipelines.text_sampling import N_PARAMS, params_of, pick, uniforms_of
+from services.worker.pipelines.text_stream import OnText, TextUpdate
 from shared.messages import FinishReason, TextItem
 
 if TYPE_CHECKING:
@@ -62,6 +64,7 @@ class Waiting:
     isolate: bool = False
     tag: str | None = None  # the sub-request it is (engine/start.py)
     charged: bool = False
+    on_text: OnText | None = None  # hears its text after each read that advanced it
 
     @property
     def gone(self) -> bool:
@@ -122,11 +125,11 @@ class Decoder:
 
     def submit(self, item: TextItem, should_stop: ShouldStop | None = None,
                withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-               isolate: bool = False) -> asyncio.Future:
+               isolate: bool = False, on_text: OnText | None = None) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting.append(Waiting(item, should_stop, future, loop, withdrawn=withdrawn,
-                                    isolate=isolate, tag=tag))
+                                    isolate=isolate, tag=tag, on_text=on_text))
         self.pump()
         return future
 
@@ -246,8 +249,8 @@ class Decoder:
                 settles.append((w, None, PipelineStopped()))
                 continue
             row = self.p.start(w.item)
-            rows.append(Running(w, row, Sequence(item=w.item, budget=row.budget),
-                                columns=len(row.prompt)))
+            seq = Sequence(item=w.item, budget=row.budget, prompt_tokens=len(row.prompt))
+            rows.append(Running(w, row, seq, columns=len(row.prompt)))
         for r in self.running:
             r.new = False
         if rows:
@@ -343,6 +346,18 @@ class Decoder:
             for token in made:
                 if r.seq.push(token, self.p):
                     break
+            if made and not r.stopped and (hook := r.waiting.on_text) is not None:
+                self._tell(r, hook)
+
+    def _tell(self, r: Running, hook: OnText) -> None:
+        """Hand a row's hook its state; the hook decodes only if it asks for the text."""
+        seq = r.seq
+        update = TextUpdate(tokens=seq.tokens, prompt_tokens=len(r.row.prompt),
+                            finish_reason=seq.finish_reason, text=lambda: seq.stream_text(self.p))
+        try:
+            hook(update)
+        except Exception:  # its output events are best effort; its row goes on
+            log.exception("a %s on_text hook failed", self.p.spec.name)
 
     def _retire(self) -> list[Settle]:
         """Settle the rows that ended; the last running rows move into their slots."""
@@ -351,7 +366,8 @@ class Decoder:
             r = self.running[slot]
             if r.stopped:
                 partial = TextResult(text=self.p.decode(r.seq.generated),
-                                     finish_reason=FinishReason.CANCELED, tokens=r.seq.tokens)
+                                     finish_reason=FinishReason.CANCELED, tokens=r.seq.tokens,
+                                     prompt_tokens=len(r.row.prompt))
                 settles.append((r.waiting, None, PipelineStopped(partial)))
             elif r.seq.finished:
                 settles.append((r.waiting, r.seq.result(), None))

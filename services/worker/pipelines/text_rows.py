@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.worker.pipelines.base import TextResult
+from services.worker.pipelines.text_stream import holdback, publishable
 from shared.messages import FinishReason, TextItem
 
 
@@ -28,9 +29,12 @@ class Sequence:
 
     item: TextItem
     budget: int
+    prompt_tokens: int | None = None
     generated: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: FinishReason | None = None
+    # The continuation decoded at a token count: the stop check and the stream share it.
+    _decoded: tuple[int, str] = field(default=(0, ""), init=False, repr=False, compare=False)
 
     @property
     def tokens(self) -> int:
@@ -45,19 +49,29 @@ class Sequence:
         self.generated.append(token)
         if token in model.eos_ids:
             return self._finish(FinishReason.STOP, model.decode(self.generated[:-1]))
-        text = None
         if self.item.stop:
             # Decode the whole continuation: a stop string may span tokens, and a token may
             # complete a multi-byte character that only then matches.
-            text = model.decode(self.generated)
+            text = self.decoded(model)
             cut = min((i for s in self.item.stop if (i := text.find(s)) >= 0), default=-1)
             if cut >= 0:
                 return self._finish(FinishReason.STOP, text[:cut])
         if self.tokens >= self.budget:
-            if text is None:
-                text = model.decode(self.generated)
-            return self._finish(FinishReason.LENGTH, text)
+            return self._finish(FinishReason.LENGTH, self.decoded(model))
         return False
+
+    def decoded(self, model: Detokenizer) -> str:
+        """The whole continuation's text, decoded once per token count."""
+        if self._decoded[0] != self.tokens:
+            self._decoded = (self.tokens, model.decode(self.generated))
+        return self._decoded[1]
+
+    def stream_text(self, model: Detokenizer) -> str:
+        """Its text as far as it may be published (pipelines/text_stream.py): all of it once
+        finished."""
+        if self.finished:
+            return self.text
+        return publishable(self.decoded(model), holdback(self.item.stop))
 
     def _finish(self, reason: FinishReason, text: str) -> bool:
         self.finish_reason = reason
@@ -66,4 +80,5 @@ class Sequence:
 
     def result(self) -> TextResult:
         assert self.finish_reason is not None, "only a finished sequence has a result"
-        return TextResult(text=self.text, finish_reason=self.finish_reason, tokens=self.tokens)
+        return TextResult(text=self.text, finish_reason=self.finish_reason, tokens=self.tokens,
+                          prompt_tokens=self.prompt_tokens)

@@ -1,0 +1,461 @@
+"""The batch driver: runs each batch's lines as Fibermill jobs, a window at a time, and writes
+its output and error files when they are done. Every API replica runs one (a supervised loop).
+
+A batch that needs driving is in `fm:batches:active`. A replica takes one with a lease key
+(SET NX PX, renewed every tick while it drives it); when the lease lapses (the replica died or
+hangs) another takes it over. All progress is in Redis, so the new driver goes on where the
+last one stopped:
+
+- a line is submitted with the Idempotency-Key `batch-{batch_id}-{line}`: submitted again after
+  a crash (before its job id was recorded) it gives back the same job;
+- a submitted line's job id is in `fm:batch:{id}:jobs`; once its job is final, its output or
+  error file line is built at once (job records expire) and kept in `fm:batch:{id}:done`, by a
+  script that counts it once and only for the lease holder (RECORD_LINE);
+- the output and error file ids are chosen once (kept in the batch's hash), so files written
+  again after a crash replace the first ones.
+
+At most `batch_max_in_flight` lines of a batch are submitted and not final at once; they run at
+`batch_priority`. A line the API refuses (InvalidInput) goes to the error file with the status
+and body the synchronous endpoint would have answered; a full queue (ServiceUnavailable) or a
+rate limit puts submitting off, and the line is tried again.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.api.auth import Principal
+from services.api.batches import jsonl
+from services.api.batches.files import (
+    BATCH,
+    BATCH_OUTPUT,
+    FileStore,
+    files_hour_prefix,
+    new_file_id,
+)
+from services.api.batches.store import FINAL, BatchStore, LeaseLost
+from services.api.batches.webhook import BatchWebhooks
+from services.api.lifecycle import Lifecycle
+from services.api.openai import translate
+from services.api.openai.errors import error_body, openai_error
+from services.api.submission import Submissions
+from shared import names
+from shared.asyncio_compat import raise_if_cancelled
+from shared.blobstore import BlobStore, hour_of
+from shared.blobstore.keys import UNOWNED
+from shared.errors import (
+    BlobNotFound,
+    IdempotencyConflict,
+    InvalidInput,
+    JobNotFound,
+    RateLimited,
+    ServiceUnavailable,
+)
+from shared.job import JobStatus
+from shared.jobstore import JobRecord, JobStore
+from shared.registry import ModelRegistry
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.5
+LEASE_MS = 15_000
+MAX_DRIVEN = 32  # batches one replica drives at once; the others wait for a replica
+SUBMIT_CONCURRENCY = 32
+CANCELLED = ("batch_cancelled", "This request was not executed: the batch was cancelled.")
+EXPIRED = ("batch_expired",
+           "This request could not be executed before the completion window expired.")
+
+
+@dataclass
+class Driven:
+    """What this replica keeps in memory about a batch it drives (rebuilt from Redis by the
+    next driver)."""
+
+    batch_id: str
+    content: bytes | None = None
+    spans: list[jsonl.Span] = field(default_factory=list)
+    pending: dict[int, str] = field(default_factory=dict)  # line index -> job id
+    done: set[int] = field(default_factory=set)
+    next: int = 0  # every line below it is submitted or done
+    backoff_until: float = 0.0
+
+
+def input_copy_key(batch_id: str, owner: str | None, created: int) -> str:
+    """The batch's own copy of its input: deleting the input file does not stop the batch;
+    swept with the files of its hour."""
+    return f"{files_hour_prefix(hour_of(created))}{owner or UNOWNED}/{batch_id}.input.jsonl"
+
+
+def _owner(h: dict[str, str]) -> str | None:
+    return h.get("owner") or None
+
+
+class BatchDriver:
+    def __init__(self, batches: BatchStore, files: FileStore, blobs: BlobStore,
+                 store: JobStore, submissions: Submissions, lifecycle: Lifecycle,
+                 registry: ModelRegistry, settings: Settings, consumer: str, *,
+                 tick_seconds: float = TICK_SECONDS, lease_ms: int = LEASE_MS,
+                 max_driven: int = MAX_DRIVEN) -> None:
+        self.batches = batches
+        self.files = files
+        self.blobs = blobs
+        self.store = store
+        self.submissions = submissions
+        self.lifecycle = lifecycle
+        self.registry = registry
+        self.settings = settings
+        self.me = consumer
+        self.tick_seconds = tick_seconds
+        self.lease_ms = lease_ms
+        self.max_driven = max_driven
+        self.held: dict[str, Driven] = {}
+        self.webhooks = BatchWebhooks(batches.redis, batches, settings)
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self.tick()
+                await asyncio.sleep(self.tick_seconds)
+                raise_if_cancelled()
+        finally:
+            # Leaving (shutdown): hand the batches over now rather than when leases lapse.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._release_all(), 2.0)
+            await self.webhooks.aclose()
+
+    async def _release_all(self) -> None:
+        for batch_id in list(self.held):
+            await self.batches.release(batch_id, self.me)
+        self.held.clear()
+
+    async def tick(self) -> None:
+        """Take the batches no replica drives (up to max_driven), renew the leases held, and
+        move each batch held one step on."""
+        for batch_id in await self.batches.active():
+            if len(self.held) >= self.max_driven:
+                break
+            if batch_id not in self.held and await self.batches.claim(batch_id, self.me,
+                                                                        self.lease_ms):
+                log.info("batch %s: driven by %s", batch_id, self.me)
+                self.held[batch_id] = Driven(batch_id)
+        for batch_id, d in list(self.held.items()):
+            if not await self.batches.renew(batch_id, self.me, self.lease_ms):
+                self.held.pop(batch_id, None)
+                continue
+            try:
+                if not await self.step(d):
+                    self.held.pop(batch_id, None)
+            except LeaseLost:
+                log.warning("batch %s: lease lost; another replica drives it", batch_id)
+                self.held.pop(batch_id, None)
+            except Exception:
+                # Redis or the store hiccuped: the same step runs again next tick.
+                log.exception("batch %s: step failed; retrying", batch_id)
+
+    async def step(self, d: Driven) -> bool:
+        """One step of a batch; False when it needs no more driving."""
+        h = await self.batches.find(d.batch_id)
+        if h is None:
+            await self.batches.forget(d.batch_id)
+            return False
+        status = h["status"]
+        if status in FINAL:
+            # Ended (by the step before, or by a replica that died before this): its webhook,
+            # then what only running it needed goes.
+            if not await self.webhooks.settle(h):
+                return True
+            if h.get("input_key"):
+                await self.blobs.delete([h["input_key"]])
+            await self.batches.retire(d.batch_id)
+            return False
+        if status == "validating":
+            await self._validate(d, h)
+        elif not await self._load(d, h):
+            pass
+        elif status == "finalizing":
+            await self._finish(d, h, "finalizing", "completed")
+        elif status == "cancelling":
+            await self._stop(d, h, CANCELLED)
+            await self._finish(d, h, "cancelling", "cancelled")
+        elif time.time() >= int(h["expires_at"]):  # in_progress, past its window
+            await self._stop(d, h, EXPIRED)
+            await self._finish(d, h, "in_progress", "expired")
+        else:
+            await self._poll(d)
+            await self._submit(d, h)
+            if len(d.done) >= len(d.spans) and await self.batches.transition(
+                    d.batch_id, "in_progress", "finalizing"):
+                await self._finish(d, h, "finalizing", "completed")
+        return True
+
+    # Validating -------------------------------------------------------------------------------
+
+    async def _validate(self, d: Driven, h: dict[str, str]) -> None:
+        owner = _owner(h)
+        meta = await self.files.find(h["input_file_id"])
+        if meta is None or (owner is not None and meta.owner != owner):
+            await self._fail(d, "input_file_id", "file_not_found",
+                             f"input file {h['input_file_id']} was not found (deleted or "
+                             "expired)")
+            return
+        if meta.purpose != BATCH:
+            await self._fail(d, "input_file_id", "invalid_file_purpose",
+                             f"input file {meta.id} has purpose {meta.purpose!r}, not 'batch'")
+            return
+        try:
+            content = await self.files.read(meta)
+        except BlobNotFound:
+            await self._fail(d, "input_file_id", "file_not_found",
+                             f"the content of input file {meta.id} is gone")
+            return
+        try:
+            total = jsonl.check(content)
+        except InvalidInput as exc:
+            await self._fail(d, "input_file_id", "invalid_request",
+                             *[p.message for p in exc.problems])
+            return
+        key = input_copy_key(d.batch_id, owner, int(h["created_at"]))
+        await self.blobs.put(key, content, "application/jsonl")
+        await self.batches.set_fields(d.batch_id, input_key=key)
+        if await self.batches.transition(d.batch_id, "validating", "in_progress", total=total):
+            log.info("batch %s: %d requests, in progress", d.batch_id, total)
+
+    async def _fail(self, d: Driven, param: str, code: str, *messages: str) -> None:
+        data = [{"code": code, "message": m, "param": param, "line": _line_of(m)}
+                for m in messages]
+        errors = json.dumps({"object": "list", "data": data})
+        if await self.batches.transition(d.batch_id, "validating", "failed", errors=errors):
+            log.info("batch %s: failed: %s", d.batch_id, messages[0])
+        # else cancelled meanwhile: the next step ends it as cancelled
+
+    async def _load(self, d: Driven, h: dict[str, str]) -> bool:
+        """The batch's input and its lines' progress, once per driver; False when the batch
+        has no input (cancelled while validating): it is ended now."""
+        if d.content is not None:
+            return True
+        key = h.get("input_key")
+        content = None
+        if key:
+            try:
+                content = await (await self.blobs.open(key)).read()
+            except BlobNotFound:
+                content = None
+        if content is None:
+            if h["status"] == "cancelling":
+                await self.batches.transition(d.batch_id, "cancelling", "cancelled")
+            else:
+                await self.batches.transition(
+                    d.batch_id, ("in_progress", "finalizing"), "failed",
+                    errors=_errors("input_file_id", "file_not_found",
+                                   "the batch's copy of its input is gone"))
+            return False
+        d.content, d.spans = content, jsonl.index(content)
+        d.pending, d.done = await self.batches.progress(d.batch_id)
+        d.next = 0
+        self._advance(d)
+        return True
+
+    def _advance(self, d: Driven) -> None:
+        while d.next < len(d.spans) and (d.next in d.pending or d.next in d.done):
+            d.next += 1
+
+    # In progress ------------------------------------------------------------------------------
+
+    async def _poll(self, d: Driven) -> None:
+        """Settle the lines whose jobs are final: one pipelined read of their statuses."""
+        if not d.pending:
+            return
+        items = list(d.pending.items())
+        async with self.store.redis.pipeline(transaction=False) as pipe:
+            for _i, job_id in items:
+                pipe.hget(names.job_key(job_id), "status")
+            statuses = await pipe.execute()
+        for (i, job_id), status in zip(items, statuses, strict=True):
+            if status is None or JobStatus(status.decode()).final:
+                await self._settle(d, i, job_id)
+
+    async def _settle(self, d: Driven, i: int, job_id: str,
+                      stopped: tuple[str, str] | None = None) -> None:
+        """Record the file line of a line whose job is final (or gone)."""
+        assert d.content is not None
+        line = jsonl.read(d.content, d.spans[i])
+        try:
+            rec = await self.store.get(job_id)
+        except JobNotFound:
+            ok, entry = False, _error_line(
+                d.batch_id, line, "job_expired",
+                f"job {job_id} ended and its record expired before the batch read it",
+                request_id=job_id)
+        else:
+            ok, entry = self._answer(d.batch_id, line, rec, stopped)
+        await self.batches.record_line(d.batch_id, self.me, i, ok, entry)
+        d.pending.pop(i, None)
+        d.done.add(i)
+
+    def _answer(self, batch_id: str, line: jsonl.Line, rec: JobRecord,
+                stopped: tuple[str, str] | None) -> tuple[bool, dict[str, Any]]:
+        if rec.status == JobStatus.SUCCEEDED:
+            try:
+                req = translate.parse(line.url, line.body)
+                body = translate.text_response(req, rec)  # type: ignore[arg-type]
+            except InvalidInput as exc:  # the line no longer parses (a newer server)
+                status, body = openai_error(exc, 400)
+                return False, _response_line(batch_id, line, status, body, rec.id)
+            return True, _response_line(batch_id, line, 200, body, rec.id)
+        if stopped is not None and rec.status == JobStatus.CANCELED:
+            return False, _error_line(batch_id, line, *stopped, request_id=rec.id)
+        status, body = translate.failure(rec)
+        return False, _response_line(batch_id, line, status, body, rec.id)
+
+    async def _submit(self, d: Driven, h: dict[str, str]) -> None:
+        """Submit lines until `batch_max_in_flight` of them are unfinished."""
+        if time.time() < d.backoff_until:
+            return
+        room = self.settings.batch_max_in_flight - len(d.pending)
+        todo: list[int] = []
+        i = d.next
+        while len(todo) < room and i < len(d.spans):
+            if i not in d.pending and i not in d.done:
+                todo.append(i)
+            i += 1
+        principal = Principal(key_id=_owner(h))
+        for start in range(0, len(todo), SUBMIT_CONCURRENCY):
+            chunk = todo[start:start + SUBMIT_CONCURRENCY]
+            results = await asyncio.gather(
+                *(self._submit_line(d, i, principal) for i in chunk), return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            self._advance(d)
+            if time.time() < d.backoff_until:
+                break
+
+    async def _submit_line(self, d: Driven, i: int, principal: Principal) -> None:
+        assert d.content is not None
+        line = jsonl.read(d.content, d.spans[i])
+        try:
+            req = translate.parse(line.url, line.body)
+            job = translate.job_request(req, self.registry, priority=self.settings.batch_priority)
+            done = await self.submissions.submit(
+                job, principal, idempotency_key=f"batch-{d.batch_id}-{line.line}", base_url=None)
+        except InvalidInput as exc:
+            status, body = openai_error(exc, 400)
+            await self.batches.record_line(d.batch_id, self.me, i, False,
+                                           _response_line(d.batch_id, line, status, body))
+            d.done.add(i)
+            return
+        except IdempotencyConflict as exc:  # only if this line's job was made otherwise
+            await self.batches.record_line(
+                d.batch_id, self.me, i, False,
+                _response_line(d.batch_id, line, 409, error_body(str(exc), code=exc.code)))
+            d.done.add(i)
+            return
+        except (ServiceUnavailable, RateLimited) as exc:
+            # Queue full or the like: try the line again later; never drop it.
+            wait = max(1.0, float(exc.retry_after))
+            d.backoff_until = max(d.backoff_until, time.time() + wait)
+            log.info("batch %s: submitting put off %.0fs: %s", d.batch_id, wait, exc)
+            return
+        await self.batches.record_job(d.batch_id, self.me, i, done.job.id)
+        d.pending[i] = done.job.id
+
+    # Ending -----------------------------------------------------------------------------------
+
+    async def _stop(self, d: Driven, h: dict[str, str], why: tuple[str, str]) -> None:
+        """Cancelled or expired: no more lines are submitted, the unfinished jobs are canceled,
+        and every line not done goes to the error file with `why` (code, message)."""
+        for i, job_id in list(d.pending.items()):
+            with contextlib.suppress(JobNotFound):
+                rec = await self.store.get(job_id)
+                if not rec.final:
+                    await self.lifecycle.cancel(rec)
+            await self._settle(d, i, job_id, stopped=why)
+        assert d.content is not None
+        content = d.content
+        left = [i for i in range(len(d.spans)) if i not in d.done]
+
+        async def unrun(i: int) -> None:
+            line = jsonl.read(content, d.spans[i])
+            await self.batches.record_line(d.batch_id, self.me, i, False,
+                                           _error_line(d.batch_id, line, *why))
+            d.done.add(i)
+
+        for start in range(0, len(left), SUBMIT_CONCURRENCY):
+            await asyncio.gather(*(unrun(i) for i in left[start:start + SUBMIT_CONCURRENCY]))
+
+    async def _finish(self, d: Driven, h: dict[str, str], from_: str, to: str) -> bool:
+        """Write the output file (and the error file, when a line failed) and end the batch
+        `to`; False when its status had moved on from `from_` (the next step goes on). The
+        next step sends its webhook and retires it."""
+        out_id = await self.batches.set_if_absent(d.batch_id, "planned_output_id",
+                                                  new_file_id())
+        err_id = await self.batches.set_if_absent(d.batch_id, "planned_error_id",
+                                                  new_file_id())
+        lines = await self.batches.done_lines(d.batch_id)
+        outputs: list[bytes] = []
+        errors: list[bytes] = []
+        for i in sorted(lines):
+            entry = lines[i]
+            (outputs if entry[:1] == b"o" else errors).append(entry[1:])
+        owner = _owner(h)
+        await self.files.create(_jsonl(outputs), f"{d.batch_id}_output.jsonl", BATCH_OUTPUT,
+                                owner, file_id=out_id)
+        fields = {"output_file_id": out_id}
+        if errors:
+            await self.files.create(_jsonl(errors), f"{d.batch_id}_error.jsonl", BATCH_OUTPUT,
+                                    owner, file_id=err_id)
+            fields["error_file_id"] = err_id
+        if not await self.batches.transition(d.batch_id, from_, to, **fields):
+            return False
+        log.info("batch %s: %s (%d succeeded, %d failed)", d.batch_id, to, len(outputs),
+                 len(errors))
+        return True
+
+
+def batch_driver(state: Any, settings: Settings, consumer: str) -> BatchDriver:
+    """The driver of an app whose lifespan has set up its state (services/api/app.py)."""
+    from services.api.batches.deps import batch_store, file_store
+
+    return BatchDriver(batch_store(state, settings), file_store(state, settings), state.blobs,
+                       state.store, state.submissions, state.lifecycle, state.registry,
+                       settings, consumer)
+
+
+def _jsonl(lines: list[bytes]) -> bytes:
+    return b"".join(line + b"\n" for line in lines)
+
+
+def _req_id(batch_id: str, line: jsonl.Line, job_id: str | None) -> str:
+    return f"batch_req_{job_id}" if job_id else \
+        f"batch_req_{batch_id.removeprefix('batch_')}_{line.line}"
+
+
+def _response_line(batch_id: str, line: jsonl.Line, status: int, body: dict[str, Any],
+                   job_id: str | None = None) -> dict[str, Any]:
+    return {"id": _req_id(batch_id, line, job_id), "custom_id": line.custom_id,
+            "response": {"status_code": status, "request_id": job_id, "body": body},
+            "error": None}
+
+
+def _error_line(batch_id: str, line: jsonl.Line, code: str, message: str,
+                request_id: str | None = None) -> dict[str, Any]:
+    return {"id": _req_id(batch_id, line, request_id), "custom_id": line.custom_id,
+            "response": None, "error": {"code": code, "message": message}}
+
+
+def _line_of(message: str) -> int | None:
+    if message.startswith("line "):
+        number = message[5:].split(":", 1)[0]
+        if number.isdigit():
+            return int(number)
+    return None
+
+
+def _errors(param: str, code: str, message: str) -> str:
+    return json.dumps({"object": "list", "data": [
+        {"code": code, "message": message, "param": param, "line": None}]})

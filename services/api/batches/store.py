@@ -1,0 +1,268 @@
+"""Batches in Redis: the batch object, its lines' progress, and the lease of the replica that
+drives it. Every change a route and the driver could race on is one script.
+
+Keys (shared/names.py): `fm:batch:{id}` (hash: the object's fields, plus the owner, the
+webhook, the planned output file ids and the key of the batch's copy of its input),
+`fm:batch:{id}:jobs` (line index -> job id, for lines submitted and not done),
+`fm:batch:{id}:done` (line index -> "o"/"e" + the output or error file's line),
+`fm:batch:{id}:lease` (the driving replica), `fm:batches:active` (batches to drive) and
+`fm:batches:{owner}` (an API key's batches, for listing)."""
+
+import json
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from services.api.batches.errors import BatchNotFound
+from shared import names
+from shared.job_ids import created_at, new_job_id
+
+BATCH_PREFIX = "batch_"
+COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
+FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+OPEN_STATUSES = ("validating", "in_progress")  # what cancel moves to cancelling
+TIMESTAMPS = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+              "expired_at", "cancelling_at", "cancelled_at")
+
+# Move a batch from one of ARGV[1] (comma-separated) to ARGV[2], setting the field/value pairs
+# that follow; 1 when it moved, 0 when its status was another, -1 when there is no batch.
+TRANSITION = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return -1 end
+local allowed = false
+for s in string.gmatch(ARGV[1], '[^,]+') do
+  if s == status then allowed = true end
+end
+if not allowed then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[2])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+# A line is done: keep its file line once and count it; 1 done now, 0 was done already, -1
+# when this replica no longer holds the batch's lease (KEYS: batch, jobs, done, lease).
+RECORD_LINE = """
+if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -1 end
+redis.call('HDEL', KEYS[2], ARGV[2])
+if redis.call('HSETNX', KEYS[3], ARGV[2], ARGV[3]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[4], 1)
+return 1
+"""
+
+# A line was submitted as a job (KEYS: jobs, done, lease); -1 when the lease is lost.
+RECORD_JOB = """
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+return 1
+"""
+
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class LeaseLost(Exception):
+    """Another replica drives the batch now: this one stops."""
+
+
+def new_batch_id(now: float | None = None) -> str:
+    return f"{BATCH_PREFIX}{new_job_id(now)}"
+
+
+def is_batch_id(batch_id: str) -> bool:
+    rest = batch_id.removeprefix(BATCH_PREFIX)
+    return rest != batch_id and created_at(rest) is not None
+
+
+def _int(v: str | None) -> int | None:
+    return int(float(v)) if v else None
+
+
+class BatchStore:
+    def __init__(self, redis: aioredis.Redis, ttl_seconds: int) -> None:
+        self.redis = redis
+        self.ttl = ttl_seconds  # of a batch object once it ended (file_ttl_seconds)
+        self._transition = redis.register_script(TRANSITION)
+        self._record_line = redis.register_script(RECORD_LINE)
+        self._record_job = redis.register_script(RECORD_JOB)
+        self._renew = redis.register_script(RENEW)
+        self._release = redis.register_script(RELEASE)
+
+    async def create(self, input_file_id: str, endpoint: str, completion_window: str,
+                     metadata: dict[str, str] | None, owner: str | None,
+                     webhook: str | None = None) -> dict[str, str]:
+        now = time.time()
+        batch_id = new_batch_id(now)
+        made = int(created_at(batch_id.removeprefix(BATCH_PREFIX)) or now)
+        fields = {
+            "id": batch_id, "endpoint": endpoint, "input_file_id": input_file_id,
+            "completion_window": completion_window, "status": "validating",
+            "created_at": str(made),
+            "expires_at": str(made + COMPLETION_WINDOW_SECONDS[completion_window]),
+            "metadata": json.dumps(metadata) if metadata is not None else "",
+            "total": "0", "completed": "0", "failed": "0",
+            "owner": owner or "", "webhook": webhook or "",
+        }
+        index = names.batches_index_key(owner)
+        kept = COMPLETION_WINDOW_SECONDS[completion_window] + self.ttl
+        cutoff = f"({BATCH_PREFIX}{new_job_id(now - kept)[:12]}"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(names.batch_key(batch_id), mapping=fields)
+            pipe.zadd(index, {batch_id: 0})
+            pipe.zremrangebylex(index, "-", cutoff)
+            pipe.expire(index, kept)
+            pipe.sadd(names.BATCHES_ACTIVE, batch_id)
+            await pipe.execute()
+        return fields
+
+    async def find(self, batch_id: str) -> dict[str, str] | None:
+        if not is_batch_id(batch_id):
+            return None
+        raw = await self.redis.hgetall(names.batch_key(batch_id))
+        if not raw or b"id" not in raw:
+            return None
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def get(self, batch_id: str, owner: str | None) -> dict[str, str]:
+        """The caller's batch (the open API, `owner` None, sees every one); BatchNotFound
+        when it is missing, expired or another key's."""
+        h = await self.find(batch_id)
+        if h is None or (owner is not None and h.get("owner") != owner):
+            raise BatchNotFound(batch_id)
+        return h
+
+    async def page(self, owner: str | None, limit: int, after: str | None
+                   ) -> tuple[list[dict[str, str]], bool]:
+        """The owner's batches after `after`, newest first, and whether there are more."""
+        index = names.batches_index_key(owner)
+        found: list[dict[str, str]] = []
+        bound = f"({after}" if after else "+"
+        while len(found) <= limit:
+            ids = await self.redis.zrevrangebylex(index, bound, "-", start=0, num=limit + 1)
+            if not ids:
+                break
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for i in ids:
+                    pipe.hgetall(names.batch_key(i.decode()))
+                raws = await pipe.execute()
+            gone = []
+            for i, raw in zip(ids, raws, strict=True):
+                if raw and b"id" in raw:
+                    found.append({k.decode(): v.decode() for k, v in raw.items()})
+                else:
+                    gone.append(i)
+            if gone:
+                await self.redis.zrem(index, *gone)
+            bound = f"({ids[-1].decode()}"
+            if len(ids) < limit + 1:
+                break
+        return found[:limit], len(found) > limit
+
+    async def transition(self, batch_id: str, from_: tuple[str, ...] | str, to: str,
+                         **fields: Any) -> bool:
+        """Move the batch to `to` if its status is one of `from_`, with its `{to}_at` time
+        and `fields`; False when it was in another status."""
+        if isinstance(from_, str):
+            from_ = (from_,)
+        stamp = {f"{to}_at": int(time.time())} if f"{to}_at" in TIMESTAMPS else {}
+        args = [x for kv in {**stamp, **fields}.items() for x in kv]
+        moved = await self._transition(keys=[names.batch_key(batch_id)],
+                                       args=[",".join(from_), to, *args])
+        return moved == 1
+
+    async def cancel(self, batch_id: str) -> bool:
+        return await self.transition(batch_id, OPEN_STATUSES, "cancelling")
+
+    # Driving ---------------------------------------------------------------------------------
+
+    async def active(self) -> list[str]:
+        return sorted(i.decode() for i in await self.redis.smembers(names.BATCHES_ACTIVE))
+
+    async def claim(self, batch_id: str, me: str, lease_ms: int) -> bool:
+        return bool(await self.redis.set(names.batch_lease_key(batch_id), me, nx=True,
+                                         px=lease_ms))
+
+    async def renew(self, batch_id: str, me: str, lease_ms: int) -> bool:
+        return bool(await self._renew(keys=[names.batch_lease_key(batch_id)],
+                                      args=[me, lease_ms]))
+
+    async def release(self, batch_id: str, me: str) -> None:
+        await self._release(keys=[names.batch_lease_key(batch_id)], args=[me])
+
+    async def record_job(self, batch_id: str, me: str, index: int, job_id: str) -> None:
+        res = await self._record_job(
+            keys=[names.batch_jobs_key(batch_id), names.batch_done_key(batch_id),
+                  names.batch_lease_key(batch_id)], args=[me, index, job_id])
+        if res == -1:
+            raise LeaseLost(batch_id)
+
+    async def record_line(self, batch_id: str, me: str, index: int, ok: bool,
+                          line: dict[str, Any]) -> None:
+        entry = ("o" if ok else "e") + json.dumps(line, separators=(",", ":"))
+        res = await self._record_line(
+            keys=[names.batch_key(batch_id), names.batch_jobs_key(batch_id),
+                  names.batch_done_key(batch_id), names.batch_lease_key(batch_id)],
+            args=[me, index, entry, "completed" if ok else "failed"])
+        if res == -1:
+            raise LeaseLost(batch_id)
+
+    async def progress(self, batch_id: str) -> tuple[dict[int, str], set[int]]:
+        """Lines submitted and not done (index -> job id), and lines done."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(names.batch_jobs_key(batch_id))
+            pipe.hkeys(names.batch_done_key(batch_id))
+            jobs, done = await pipe.execute()
+        return ({int(k): v.decode() for k, v in jobs.items()}, {int(k) for k in done})
+
+    async def done_lines(self, batch_id: str) -> dict[int, bytes]:
+        raw = await self.redis.hgetall(names.batch_done_key(batch_id))
+        return {int(k): v for k, v in raw.items()}
+
+    async def set_fields(self, batch_id: str, **fields: Any) -> None:
+        await self.redis.hset(names.batch_key(batch_id),
+                              mapping={k: str(v) for k, v in fields.items()})
+
+    async def set_if_absent(self, batch_id: str, field: str, value: str) -> str:
+        """The field's value: `value` if it had none."""
+        await self.redis.hsetnx(names.batch_key(batch_id), field, value)
+        got = await self.redis.hget(names.batch_key(batch_id), field)
+        return got.decode() if got is not None else value
+
+    async def retire(self, batch_id: str) -> None:
+        """An ended batch: drop what only running it needed; keep its object for the TTL."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(names.batch_jobs_key(batch_id), names.batch_done_key(batch_id),
+                        names.batch_lease_key(batch_id))
+            pipe.expire(names.batch_key(batch_id), self.ttl)
+            pipe.srem(names.BATCHES_ACTIVE, batch_id)
+            await pipe.execute()
+
+    async def forget(self, batch_id: str) -> None:
+        """An active batch whose object is gone: stop driving it."""
+        await self.redis.srem(names.BATCHES_ACTIVE, batch_id)
+
+
+def openai_batch(h: dict[str, str]) -> dict[str, Any]:
+    """The batch as OpenAI's Batch object."""
+    errors = json.loads(h["errors"]) if h.get("errors") else None
+    return {
+        "id": h["id"], "object": "batch", "endpoint": h["endpoint"], "errors": errors,
+        "input_file_id": h["input_file_id"], "completion_window": h["completion_window"],
+        "status": h["status"], "output_file_id": h.get("output_file_id") or None,
+        "error_file_id": h.get("error_file_id") or None, "created_at": int(h["created_at"]),
+        **{f: _int(h.get(f)) for f in TIMESTAMPS},
+        "request_counts": {"total": int(h.get("total") or 0),
+                           "completed": int(h.get("completed") or 0),
+                           "failed": int(h.get("failed") or 0)},
+        "metadata": json.loads(h["metadata"]) if h.get("metadata") else None,
+    }

@@ -1,0 +1,160 @@
+"""OpenAI requests onto Fibermill jobs, and jobs back into OpenAI's answers.
+
+A chat request becomes a text job whose prompt is the conversation rendered with the model's
+chat template; `n` choices are the same prompt `n` times (output i uses seed + i, so sampled
+choices differ); a completion's prompts x `n` likewise, in OpenAI's order (prompt by prompt).
+Problems are named by the OpenAI field that caused them (`max_tokens`, not the job's
+`input.max_new_tokens`), every one at once."""
+
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from services.api.openai.chat_template import render_chat
+from services.api.openai.errors import error_body
+from services.api.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ImageGenerationRequest,
+    OpenAIRequest,
+)
+from shared.errors import InvalidInput, Problem
+from shared.inputs import validate_input
+from shared.job import JobRequest
+from shared.jobstore import JobRecord
+from shared.problems import from_validation_error
+from shared.registry import ModelRegistry, ModelSpec
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+IMAGES = "/v1/images/generations"
+ENDPOINTS: dict[str, type[OpenAIRequest]] = {
+    CHAT: ChatCompletionRequest,
+    COMPLETIONS: CompletionRequest,
+    IMAGES: ImageGenerationRequest,
+}
+BATCH_ENDPOINTS = (CHAT, COMPLETIONS)
+
+
+def parse(endpoint: str, body: Any) -> OpenAIRequest:
+    """The request `body` sent to `endpoint`, or InvalidInput naming each field wrong."""
+    kind = ENDPOINTS.get(endpoint)
+    if kind is None:
+        raise InvalidInput("url", f"{endpoint!r} is not one of {', '.join(ENDPOINTS)}")
+    try:
+        return kind.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidInput.of(from_validation_error(exc)) from None
+
+
+def job_request(req: OpenAIRequest, registry: ModelRegistry,
+                priority: int | None = None) -> JobRequest:
+    """The Fibermill job that answers `req`; InvalidInput when the model cannot, or the
+    request is outside the model's limits."""
+    spec = _model_for(req, registry)
+    if isinstance(req, ImageGenerationRequest):
+        inp: dict[str, Any] = {"prompts": [req.prompt], "num_images_per_prompt": req.n,
+                               "seed": req.seed}
+        if (size := req.dimensions) is not None:
+            inp["width"], inp["height"] = size
+        names = {"prompts": "prompt", "num_images_per_prompt": "n", "width": "size",
+                 "height": "size", "seed": "seed"}
+    else:
+        if isinstance(req, ChatCompletionRequest):
+            assert spec.chat_template is not None  # checked by _model_for
+            prompt = render_chat(spec.chat_template,
+                                 [{"role": m.role, "content": m.content} for m in req.messages])
+            prompts, budget = [prompt] * req.n, req.budget
+            budget_field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+            names = {"prompts": "messages"}
+        else:
+            prompts = [p for p in req.prompt for _ in range(req.n)]
+            budget, budget_field = req.max_tokens, "max_tokens"
+            names = {"prompts": "prompt"}
+        inp = {"prompts": prompts, "max_new_tokens": budget, "temperature": req.temperature,
+               "top_p": req.top_p, "stop": req.stop, "seed": req.seed, "stream": req.stream}
+        names |= {"max_new_tokens": budget_field, "temperature": "temperature",
+                  "top_p": "top_p", "stop": "stop", "seed": "seed"}
+    try:
+        validate_input(spec, inp)
+    except InvalidInput as exc:
+        raise InvalidInput.of(_renamed(p, names, req) for p in exc.problems) from None
+    options = {} if priority is None else {"priority": priority}
+    return JobRequest(model=spec.name, input=inp, **options)
+
+
+def _model_for(req: OpenAIRequest, registry: ModelRegistry) -> ModelSpec:
+    spec = registry.get(req.model)  # UnknownModel: a 404 model_not_found, as OpenAI's
+    if isinstance(req, ImageGenerationRequest):
+        if spec.task != "image-generation":
+            raise InvalidInput("model", f"model {spec.name} generates text, not images")
+    elif spec.task != "text-generation":
+        raise InvalidInput("model", f"model {spec.name} generates images, not text")
+    elif isinstance(req, ChatCompletionRequest) and spec.chat_template is None:
+        chat = sorted(n for n, s in registry.models.items() if s.chat_template)
+        raise InvalidInput("model", f"model {spec.name} has no chat template: use "
+                           f"/v1/completions, or a chat model ({', '.join(chat) or 'none'})")
+    return spec
+
+
+def _renamed(problem: Problem, names: dict[str, str], req: OpenAIRequest) -> Problem:
+    """A job input's problem in the words of the OpenAI request."""
+    parts = problem.field.split(".")
+    field = names.get(parts[1], parts[1]) if len(parts) > 1 and parts[0] == "input" else ""
+    if field == "prompts" or (parts[1:2] == ["prompts"] and len(parts) == 2):
+        field = "n"  # too many prompts: n (times the prompts) is what the caller chose
+    if field == "prompt" and len(parts) > 2 and isinstance(req, CompletionRequest):
+        field = f"prompt.{int(parts[2]) // req.n}"  # job prompt i is the request's i // n
+    elif field == "stop" and len(parts) > 2:
+        field = f"stop.{parts[2]}"
+    return Problem(field or problem.field, problem.message, problem.code)
+
+
+# Answers -------------------------------------------------------------------------------------
+
+
+def chunk_id(req: ChatCompletionRequest | CompletionRequest, job_id: str) -> str:
+    return f"{'chatcmpl' if isinstance(req, ChatCompletionRequest) else 'cmpl'}-{job_id}"
+
+
+def usage(req: ChatCompletionRequest | CompletionRequest,
+          outputs: list[dict[str, Any]]) -> dict[str, int]:
+    """Tokens read and written; a prompt shared by `n` choices is counted once, as OpenAI
+    counts it."""
+    read = sum(o.get("prompt_tokens") or 0 for o in outputs[::req.n])
+    written = sum(o.get("tokens") or 0 for o in outputs)
+    return {"prompt_tokens": read, "completion_tokens": written,
+            "total_tokens": read + written}
+
+
+def text_response(req: ChatCompletionRequest | CompletionRequest,
+                  rec: JobRecord) -> dict[str, Any]:
+    """The chat.completion or text_completion body of a job that succeeded."""
+    outputs = [o or {} for o in rec.output or []]
+    common = {"id": chunk_id(req, rec.id), "created": int(rec.created_at), "model": rec.model,
+              "system_fingerprint": None, "usage": usage(req, outputs)}
+    if isinstance(req, ChatCompletionRequest):
+        choices = [{"index": i, "message": {"role": "assistant", "content": o.get("text", ""),
+                                            "refusal": None},
+                    "logprobs": None, "finish_reason": o.get("finish_reason")}
+                   for i, o in enumerate(outputs)]
+        return {**common, "object": "chat.completion", "choices": choices}
+    prompts = req.prompt
+    choices = [{"index": i, "text": (prompts[i // req.n] if req.echo else "") + o.get("text", ""),
+                "logprobs": None, "finish_reason": o.get("finish_reason")}
+               for i, o in enumerate(outputs)]
+    return {**common, "object": "text_completion", "choices": choices}
+
+
+def failure(rec: JobRecord) -> tuple[int, dict[str, Any]]:
+    """The status and OpenAI error body of a job that failed or was canceled."""
+    if rec.error is not None:
+        return 500, error_body(f"job {rec.id} failed: {rec.error.message}", "server_error",
+                               code=rec.error.code)
+    return 409, error_body(f"job {rec.id} was {rec.status.value} before it finished",
+                           code=f"job_{rec.status.value}")
+
+
+def created(rec: JobRecord | None = None) -> int:
+    return int(rec.created_at if rec is not None else time.time())

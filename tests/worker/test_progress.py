@@ -1,0 +1,172 @@
+"""Output events of text sub-requests (services/worker/progress.py), heard on the job's real
+Redis channel: every read when the item streams, throttled otherwise, the first and the final
+event always, in order, and nothing more once the row was asked to stop."""
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from services.worker import progress
+from services.worker.engine.engine import Engine
+from services.worker.flights import InFlight
+from services.worker.pipelines.text import CausalLMTextPipeline
+from services.worker.pipelines.text_stream import TextUpdate
+from services.worker.progress import ProgressPublisher
+from shared import names
+from shared.messages import FinishReason, OutputData, OutputEvent, StopReason, SubRequest, TextItem
+from shared.registry import ModelKind, ModelSpec
+
+FINAL = FinishReason.LENGTH
+
+
+@pytest.fixture(scope="module")
+def pipeline(model_dir: Path) -> CausalLMTextPipeline:
+    spec = ModelSpec(name="tiny-gpt2-progress", kind=ModelKind.CAUSAL_LM,
+                     path=model_dir / "tiny-gpt2")
+    pipe = CausalLMTextPipeline(spec, torch.device("cpu"))
+    pipe.setup()
+    return pipe
+
+
+def _flight(index: int = 0, stream: bool = False, max_new_tokens: int = 50) -> InFlight:
+    item = TextItem(prompt="Hello", max_new_tokens=max_new_tokens, stream=stream)
+    sub = SubRequest(job_id="j1", index=index, model="tiny-gpt2", item=item)
+    return InFlight(sub, time.time() + 60)
+
+
+def _update(text: str, tokens: int, final: bool = False) -> TextUpdate:
+    return TextUpdate(tokens=tokens, prompt_tokens=3, finish_reason=FINAL if final else None,
+                      text=lambda: text)
+
+
+class Channel:
+    """The job's events channel, subscribed before anything is published."""
+
+    def __init__(self, aredis) -> None:
+        self.pubsub = aredis.pubsub(ignore_subscribe_messages=True)
+
+    async def __aenter__(self) -> "Channel":
+        await self.pubsub.subscribe(names.events_channel("j1"))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.pubsub.aclose()
+
+    async def outputs(self, finals: int = 1, timeout: float = 10) -> list[OutputData]:
+        """Output events until `finals` final ones came."""
+        got: list[OutputData] = []
+        async with asyncio.timeout(timeout):
+            while sum(d.finish_reason is not None for d in got) < finals:
+                msg = await self.pubsub.get_message(timeout=1)
+                if msg is not None:
+                    got.append(OutputEvent.decode(msg["data"]).data)
+        return got
+
+    async def heard(self, seconds: float) -> list[OutputData]:
+        """Every output event heard within `seconds`."""
+        got: list[OutputData] = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await self.pubsub.get_message(timeout=left)
+            if msg is not None:
+                got.append(OutputEvent.decode(msg["data"]).data)
+        return got
+
+
+async def _on_device(hook: Callable[[TextUpdate], None], updates: list[TextUpdate]) -> None:
+    """Call the hook from another thread, as the decoder does from the device thread."""
+    await asyncio.to_thread(lambda: [hook(u) for u in updates])
+
+
+async def test_a_streamed_item_publishes_every_read_in_order(aredis):
+    hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight(stream=True))
+    text = "".join(chr(ord("a") + i % 26) for i in range(200))
+    updates = [_update(text[:i], i) for i in range(1, 200)] + [_update(text, 200, final=True)]
+    async with Channel(aredis) as channel:
+        await _on_device(hook, updates)
+        got = await channel.outputs()
+    assert [d.text for d in got] == list(text)  # one per read, none crossed another
+    assert [d.tokens for d in got] == list(range(1, 201))
+    assert [(d.finish_reason, d.prompt_tokens) for d in got[-1:]] == [(FINAL, 3)]
+    assert all(d.finish_reason is None and d.prompt_tokens is None for d in got[:-1])
+
+
+async def test_without_stream_events_are_throttled_but_first_and_final_come(
+    aredis, monkeypatch: pytest.MonkeyPatch
+):
+    now = 0.0
+    monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: now))
+    hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight())
+    async with Channel(aredis) as channel:
+        # No text yet (a character still incomplete): nothing, and the next text goes at once.
+        for at, update in [(0.0, _update("", 1)), (0.01, _update("He", 2)),
+                           (0.05, _update("Hel", 3)), (0.1, _update("Hell", 4)),
+                           (0.111, _update("Hello", 5)), (0.15, _update("Hello,", 6)),
+                           (0.16, _update("Hello, w", 7, final=True))]:
+            now = at
+            await _on_device(hook, [update])
+        got = await channel.outputs()
+    # First text at once; then at most one event per interval, the text adding up between.
+    assert [(d.text, d.tokens) for d in got] == [("He", 2), ("llo", 5), (", w", 7)]
+    assert (got[-1].finish_reason, got[-1].prompt_tokens) == (FINAL, 3)
+
+
+async def test_a_final_event_comes_even_with_no_new_text(aredis, monkeypatch):
+    monkeypatch.setattr(progress, "MIN_INTERVAL_SECONDS", 3600)
+    hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight())
+    async with Channel(aredis) as channel:
+        await _on_device(hook, [_update("ab", 1), _update("abc", 2), _update("abc", 3, True)])
+        got = await channel.outputs()
+    assert [(d.text, d.finish_reason) for d in got] == [("ab", None), ("c", FINAL)]
+
+
+async def test_a_row_asked_to_stop_publishes_nothing_more(aredis):
+    flight = _flight(stream=True)
+    hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(flight)
+    async with Channel(aredis) as channel:
+        await _on_device(hook, [_update("a", 1), _update("ab", 2)])
+        await hook.flushed()
+        flight.request_stop(StopReason.CANCELED)
+        await _on_device(hook, [_update("abc", 3), _update("abcd", 4)])
+        await hook.flushed()
+        got = await channel.heard(0.3)
+    assert [d.text for d in got] == ["a", "b"]
+
+
+async def test_decoded_rows_publish_texts_that_add_up(aredis, pipeline: CausalLMTextPipeline):
+    """The real decoder calls the hooks on its device thread: the streamed row is heard at
+    every read, the other at least at its first text and at its end."""
+    publisher = ProgressPublisher(aredis, asyncio.get_running_loop())
+    flights = [_flight(0, stream=True, max_new_tokens=40), _flight(1, max_new_tokens=40)]
+    hooks = [publisher.text_hook(f) for f in flights]
+    reads = 0
+
+    def counting(update: TextUpdate) -> None:
+        nonlocal reads
+        reads += 1
+        hooks[0](update)
+
+    engine = Engine(pipeline)
+    async with Channel(aredis) as channel:
+        results = await asyncio.gather(
+            engine.submit(flights[0].sub.item, on_text=counting),
+            engine.submit(flights[1].sub.item, on_text=hooks[1]))
+        for hook in hooks:
+            await hook.flushed()
+        got = await channel.outputs(finals=2)
+    assert results[0] == results[1]  # the same item: greedy
+    for index, result in enumerate(results):
+        events = [d for d in got if d.index == index]
+        assert "".join(d.text for d in events) == result.text
+        assert [d.finish_reason for d in events].count(None) == len(events) - 1
+        last = events[-1]
+        assert (last.finish_reason, last.tokens, last.prompt_tokens) == (
+            result.finish_reason, result.tokens, result.prompt_tokens)
+    streamed = [d for d in got if d.index == 0]
+    assert len(streamed) == reads  # every read made new text here
+    assert 2 <= len([d for d in got if d.index == 1]) <= len(streamed)
