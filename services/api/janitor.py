@@ -62,6 +62,9 @@ class Janitor:
                 raise
             except Exception:
                 log.exception("janitor sweep failed")
+            # Again before sleeping: a cancellation dropped inside the sweep's Redis calls would
+            # otherwise hold a shutdown for a whole interval.
+            raise_if_cancelled()
             await asyncio.sleep(self.settings.janitor_interval_seconds)
 
     async def sweep(self) -> int:

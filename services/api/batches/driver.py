@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.api.auth import Principal
-from services.api.batches import jsonl
+from services.api.batches import jsonl, lines
 from services.api.batches.files import (
     BATCH,
     BATCH_OUTPUT,
@@ -120,8 +120,8 @@ class BatchDriver:
         try:
             while True:
                 await self.tick()
+                raise_if_cancelled()  # one its Redis calls dropped (shared/asyncio_compat.py)
                 await asyncio.sleep(self.tick_seconds)
-                raise_if_cancelled()
         finally:
             # Leaving (shutdown): hand the batches over now rather than when leases lapse.
             with contextlib.suppress(Exception):
@@ -226,7 +226,7 @@ class BatchDriver:
             log.info("batch %s: %d requests, in progress", d.batch_id, total)
 
     async def _fail(self, d: Driven, param: str, code: str, *messages: str) -> None:
-        data = [{"code": code, "message": m, "param": param, "line": _line_of(m)}
+        data = [{"code": code, "message": m, "param": param, "line": lines.line_of(m)}
                 for m in messages]
         errors = json.dumps({"object": "list", "data": data})
         if await self.batches.transition(d.batch_id, "validating", "failed", errors=errors):
@@ -251,7 +251,7 @@ class BatchDriver:
             else:
                 await self.batches.transition(
                     d.batch_id, ("in_progress", "finalizing"), "failed",
-                    errors=_errors("input_file_id", "file_not_found",
+                    errors=lines.validation_errors("input_file_id", "file_not_found",
                                    "the batch's copy of its input is gone"))
             return False
         d.content, d.spans = content, jsonl.index(content)
@@ -287,7 +287,7 @@ class BatchDriver:
         try:
             rec = await self.store.get(job_id)
         except JobNotFound:
-            ok, entry = False, _error_line(
+            ok, entry = False, lines.error_line(
                 d.batch_id, line, "job_expired",
                 f"job {job_id} ended and its record expired before the batch read it",
                 request_id=job_id)
@@ -305,12 +305,12 @@ class BatchDriver:
                 body = translate.text_response(req, rec)  # type: ignore[arg-type]
             except InvalidInput as exc:  # the line no longer parses (a newer server)
                 status, body = openai_error(exc, 400)
-                return False, _response_line(batch_id, line, status, body, rec.id)
-            return True, _response_line(batch_id, line, 200, body, rec.id)
+                return False, lines.response_line(batch_id, line, status, body, rec.id)
+            return True, lines.response_line(batch_id, line, 200, body, rec.id)
         if stopped is not None and rec.status == JobStatus.CANCELED:
-            return False, _error_line(batch_id, line, *stopped, request_id=rec.id)
+            return False, lines.error_line(batch_id, line, *stopped, request_id=rec.id)
         status, body = translate.failure(rec)
-        return False, _response_line(batch_id, line, status, body, rec.id)
+        return False, lines.response_line(batch_id, line, status, body, rec.id)
 
     async def _submit(self, d: Driven, h: dict[str, str]) -> None:
         """Submit lines until `batch_max_in_flight` of them are unfinished."""
@@ -346,13 +346,13 @@ class BatchDriver:
         except InvalidInput as exc:
             status, body = openai_error(exc, 400)
             await self.batches.record_line(d.batch_id, self.me, i, False,
-                                           _response_line(d.batch_id, line, status, body))
+                                           lines.response_line(d.batch_id, line, status, body))
             d.done.add(i)
             return
         except IdempotencyConflict as exc:  # only if this line's job was made otherwise
             await self.batches.record_line(
                 d.batch_id, self.me, i, False,
-                _response_line(d.batch_id, line, 409, error_body(str(exc), code=exc.code)))
+                lines.response_line(d.batch_id, line, 409, error_body(str(exc), code=exc.code)))
             d.done.add(i)
             return
         except (ServiceUnavailable, RateLimited) as exc:
@@ -382,7 +382,7 @@ class BatchDriver:
         async def unrun(i: int) -> None:
             line = jsonl.read(content, d.spans[i])
             await self.batches.record_line(d.batch_id, self.me, i, False,
-                                           _error_line(d.batch_id, line, *why))
+                                           lines.error_line(d.batch_id, line, *why))
             d.done.add(i)
 
         for start in range(0, len(left), SUBMIT_CONCURRENCY):
@@ -396,19 +396,19 @@ class BatchDriver:
                                                   new_file_id())
         err_id = await self.batches.set_if_absent(d.batch_id, "planned_error_id",
                                                   new_file_id())
-        lines = await self.batches.done_lines(d.batch_id)
+        done = await self.batches.done_lines(d.batch_id)
         outputs: list[bytes] = []
         errors: list[bytes] = []
-        for i in sorted(lines):
-            entry = lines[i]
+        for i in sorted(done):
+            entry = done[i]
             (outputs if entry[:1] == b"o" else errors).append(entry[1:])
         owner = _owner(h)
-        await self.files.create(_jsonl(outputs), f"{d.batch_id}_output.jsonl", BATCH_OUTPUT,
-                                owner, file_id=out_id)
+        await self.files.create(lines.jsonl_file(outputs), f"{d.batch_id}_output.jsonl",
+                                BATCH_OUTPUT, owner, file_id=out_id)
         fields = {"output_file_id": out_id}
         if errors:
-            await self.files.create(_jsonl(errors), f"{d.batch_id}_error.jsonl", BATCH_OUTPUT,
-                                    owner, file_id=err_id)
+            await self.files.create(lines.jsonl_file(errors), f"{d.batch_id}_error.jsonl",
+                                    BATCH_OUTPUT, owner, file_id=err_id)
             fields["error_file_id"] = err_id
         if not await self.batches.transition(d.batch_id, from_, to, **fields):
             return False
@@ -424,38 +424,3 @@ def batch_driver(state: Any, settings: Settings, consumer: str) -> BatchDriver:
     return BatchDriver(batch_store(state, settings), file_store(state, settings), state.blobs,
                        state.store, state.submissions, state.lifecycle, state.registry,
                        settings, consumer)
-
-
-def _jsonl(lines: list[bytes]) -> bytes:
-    return b"".join(line + b"\n" for line in lines)
-
-
-def _req_id(batch_id: str, line: jsonl.Line, job_id: str | None) -> str:
-    return f"batch_req_{job_id}" if job_id else \
-        f"batch_req_{batch_id.removeprefix('batch_')}_{line.line}"
-
-
-def _response_line(batch_id: str, line: jsonl.Line, status: int, body: dict[str, Any],
-                   job_id: str | None = None) -> dict[str, Any]:
-    return {"id": _req_id(batch_id, line, job_id), "custom_id": line.custom_id,
-            "response": {"status_code": status, "request_id": job_id, "body": body},
-            "error": None}
-
-
-def _error_line(batch_id: str, line: jsonl.Line, code: str, message: str,
-                request_id: str | None = None) -> dict[str, Any]:
-    return {"id": _req_id(batch_id, line, request_id), "custom_id": line.custom_id,
-            "response": None, "error": {"code": code, "message": message}}
-
-
-def _line_of(message: str) -> int | None:
-    if message.startswith("line "):
-        number = message[5:].split(":", 1)[0]
-        if number.isdigit():
-            return int(number)
-    return None
-
-
-def _errors(param: str, code: str, message: str) -> str:
-    return json.dumps({"object": "list", "data": [
-        {"code": code, "message": message, "param": param, "line": None}]})
