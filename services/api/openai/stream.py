@@ -14,7 +14,7 @@ from typing import Any
 
 from services.api.events import POLL_SECONDS, Listener
 from services.api.openai.schemas import ChatCompletionRequest, CompletionRequest
-from services.api.openai.translate import chunk_id, failure, usage
+from services.api.openai.translate import answer_id, failure, usage
 from shared.job import JobStatus
 from shared.jobstore import JobRecord, JobStore
 from shared.messages import OutputEvent, decode_event
@@ -28,7 +28,7 @@ class Chunks:
     def __init__(self, req: TextRequest, rec: JobRecord) -> None:
         self.req = req
         self.chat = isinstance(req, ChatCompletionRequest)
-        self.head = {"id": chunk_id(req, rec.id),
+        self.head = {"id": answer_id(req, rec.id),
                      "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": int(rec.created_at), "model": rec.model}
         if self.chat:

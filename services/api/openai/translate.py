@@ -6,7 +6,6 @@ choices differ); a completion's prompts x `n` likewise, in OpenAI's order (promp
 Problems are named by the OpenAI field that caused them (`max_tokens`, not the job's
 `input.max_new_tokens`), every one at once."""
 
-import time
 from typing import Any
 
 from pydantic import ValidationError
@@ -114,7 +113,7 @@ def _renamed(problem: Problem, names: dict[str, str], req: OpenAIRequest) -> Pro
 # Answers -------------------------------------------------------------------------------------
 
 
-def chunk_id(req: ChatCompletionRequest | CompletionRequest, job_id: str) -> str:
+def answer_id(req: ChatCompletionRequest | CompletionRequest, job_id: str) -> str:
     return f"{'chatcmpl' if isinstance(req, ChatCompletionRequest) else 'cmpl'}-{job_id}"
 
 
@@ -132,7 +131,7 @@ def text_response(req: ChatCompletionRequest | CompletionRequest,
                   rec: JobRecord) -> dict[str, Any]:
     """The chat.completion or text_completion body of a job that succeeded."""
     outputs = [o or {} for o in rec.output or []]
-    common = {"id": chunk_id(req, rec.id), "created": int(rec.created_at), "model": rec.model,
+    common = {"id": answer_id(req, rec.id), "created": int(rec.created_at), "model": rec.model,
               "system_fingerprint": None, "usage": usage(req, outputs)}
     if isinstance(req, ChatCompletionRequest):
         choices = [{"index": i, "message": {"role": "assistant", "content": o.get("text", ""),
@@ -154,7 +153,3 @@ def failure(rec: JobRecord) -> tuple[int, dict[str, Any]]:
                                code=rec.error.code)
     return 409, error_body(f"job {rec.id} was {rec.status.value} before it finished",
                            code=f"job_{rec.status.value}")
-
-
-def created(rec: JobRecord | None = None) -> int:
-    return int(rec.created_at if rec is not None else time.time())
