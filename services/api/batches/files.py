@@ -15,6 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from services.api.batches import listing
 from services.api.batches.errors import FileNotFound
 from shared import names
 from shared.blobstore import Blob, BlobStore, check_key, check_prefix, hour_of
@@ -142,32 +143,6 @@ class FileStore:
                    after: str | None = None, order: str = "desc") -> tuple[list[FileMeta], bool]:
         """The owner's files from after `after`, newest first (`desc`) or oldest first, and
         whether there are more."""
-        index = names.files_index_key(owner)
-        found: list[FileMeta] = []
-        desc = order == "desc"
-        bound = f"({after}" if after else ("+" if desc else "-")
-        page = max(limit + 1, 100)
-        while len(found) <= limit:
-            if desc:
-                ids = await self.redis.zrevrangebylex(index, bound, "-", start=0, num=page)
-            else:
-                ids = await self.redis.zrangebylex(index, bound, "+", start=0, num=page)
-            if not ids:
-                break
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for i in ids:
-                    pipe.hgetall(names.file_key(i.decode()))
-                raws = await pipe.execute()
-            gone = []
-            for i, raw in zip(ids, raws, strict=True):
-                meta = _meta(raw)
-                if meta is None:
-                    gone.append(i)
-                elif purpose is None or meta.purpose == purpose:
-                    found.append(meta)
-            if gone:
-                await self.redis.zrem(index, *gone)
-            bound = f"({ids[-1].decode()}"
-            if len(ids) < page:
-                break
-        return found[:limit], len(found) > limit
+        return await listing.page(
+            self.redis, names.files_index_key(owner), names.file_key, _meta, limit, after,
+            desc=order == "desc", keep=lambda m: purpose is None or m.purpose == purpose)

@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from services.api.batches import listing
 from services.api.batches.errors import BatchNotFound
 from shared import names
 from shared.job_ids import created_at, new_job_id
@@ -128,10 +129,7 @@ class BatchStore:
     async def find(self, batch_id: str) -> dict[str, str] | None:
         if not is_batch_id(batch_id):
             return None
-        raw = await self.redis.hgetall(names.batch_key(batch_id))
-        if not raw or b"id" not in raw:
-            return None
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return _fields(await self.redis.hgetall(names.batch_key(batch_id)))
 
     async def get(self, batch_id: str, owner: str | None) -> dict[str, str]:
         """The caller's batch (the open API, `owner` None, sees every one); BatchNotFound
@@ -144,29 +142,8 @@ class BatchStore:
     async def page(self, owner: str | None, limit: int, after: str | None
                    ) -> tuple[list[dict[str, str]], bool]:
         """The owner's batches after `after`, newest first, and whether there are more."""
-        index = names.batches_index_key(owner)
-        found: list[dict[str, str]] = []
-        bound = f"({after}" if after else "+"
-        while len(found) <= limit:
-            ids = await self.redis.zrevrangebylex(index, bound, "-", start=0, num=limit + 1)
-            if not ids:
-                break
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for i in ids:
-                    pipe.hgetall(names.batch_key(i.decode()))
-                raws = await pipe.execute()
-            gone = []
-            for i, raw in zip(ids, raws, strict=True):
-                if raw and b"id" in raw:
-                    found.append({k.decode(): v.decode() for k, v in raw.items()})
-                else:
-                    gone.append(i)
-            if gone:
-                await self.redis.zrem(index, *gone)
-            bound = f"({ids[-1].decode()}"
-            if len(ids) < limit + 1:
-                break
-        return found[:limit], len(found) > limit
+        return await listing.page(self.redis, names.batches_index_key(owner), names.batch_key,
+                                  _fields, limit, after)
 
     async def transition(self, batch_id: str, from_: tuple[str, ...] | str, to: str,
                          **fields: Any) -> bool:
@@ -266,3 +243,9 @@ def openai_batch(h: dict[str, str]) -> dict[str, Any]:
                            "failed": int(h.get("failed") or 0)},
         "metadata": json.loads(h["metadata"]) if h.get("metadata") else None,
     }
+
+
+def _fields(raw: dict[bytes, bytes]) -> dict[str, str] | None:
+    if not raw or b"id" not in raw:
+        return None  # expired
+    return {k.decode(): v.decode() for k, v in raw.items()}
