@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import Counter, Gauge
 
-from services.api.batches.files import FILES, files_hour_prefix
+from services.api.batches.files import FILES
 from shared.asyncio_compat import raise_if_cancelled
 from shared.blobstore import BlobStore, hour_prefix
 from shared.blobstore.keys import OUTPUTS
@@ -67,35 +67,33 @@ class Sweeper:
     async def sweep_files(self, now: float | None = None) -> int:
         """Delete every hour of files past `file_ttl_seconds`; the number of files deleted."""
         now = time.time() if now is None else now
-        deleted = 0
-        for name in await self.blobs.folders(f"{FILES}/"):
-            try:
-                hour = datetime.strptime(name, "%Y%m%d%H").replace(tzinfo=UTC)
-            except ValueError:
-                continue
-            if hour_expired(hour, self.settings.file_ttl_seconds, now):
-                objects = await self.blobs.delete_prefix(files_hour_prefix(hour))
-                FILE_FOLDERS_SWEPT.inc()
-                deleted += objects
-                log.info("retention: deleted %d files made in the hour from %s", objects,
-                         hour.isoformat())
+        deleted, _ = await self._sweep_hours(FILES, self.settings.file_ttl_seconds, now,
+                                             FILE_FOLDERS_SWEPT, "files")
         return deleted
 
     async def sweep_outputs(self, now: float) -> int:
+        deleted, kept = await self._sweep_hours(OUTPUTS, self.settings.output_ttl_seconds, now,
+                                                FOLDERS_SWEPT, "outputs of jobs")
+        OLDEST_HOUR_AGE.set(now - min(kept).timestamp() if kept else 0)
+        return deleted
+
+    async def _sweep_hours(self, top: str, ttl: int, now: float, swept: Counter,
+                           what: str) -> tuple[int, list[datetime]]:
+        """Delete the hour folders under `top/` past `ttl`: the objects deleted, and the hours
+        kept."""
         deleted = 0
         kept: list[datetime] = []
-        for name in await self.blobs.folders(f"{OUTPUTS}/"):
+        for name in await self.blobs.folders(f"{top}/"):
             try:
                 hour = datetime.strptime(name, "%Y%m%d%H").replace(tzinfo=UTC)
             except ValueError:
                 continue  # not an hour folder: not the sweeper's to delete
-            if not hour_expired(hour, self.settings.output_ttl_seconds, now):
+            if not hour_expired(hour, ttl, now):
                 kept.append(hour)
                 continue
-            objects = await self.blobs.delete_prefix(hour_prefix(hour))
-            FOLDERS_SWEPT.inc()
+            objects = await self.blobs.delete_prefix(hour_prefix(hour, top))
+            swept.inc()
             deleted += objects
-            log.info("retention: deleted %d outputs of jobs made in the hour from %s",
-                     objects, hour.isoformat())
-        OLDEST_HOUR_AGE.set(now - min(kept).timestamp() if kept else 0)
-        return deleted
+            log.info("retention: deleted %d %s made in the hour from %s", objects, what,
+                     hour.isoformat())
+        return deleted, kept

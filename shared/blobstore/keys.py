@@ -83,6 +83,6 @@ def hour_of(epoch_seconds: float) -> datetime:
     return datetime.fromtimestamp(epoch_seconds, UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def hour_prefix(hour: datetime) -> str:
-    """The prefix of every output of jobs made in that UTC hour."""
-    return check_prefix(f"{OUTPUTS}/{hour:%Y%m%d%H}/")
+def hour_prefix(hour: datetime, top: str = OUTPUTS) -> str:
+    """The prefix of everything under `top` (outputs, or files) made in that UTC hour."""
+    return check_prefix(f"{top}/{hour:%Y%m%d%H}/")

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from services.api.batches import listing
 from services.api.batches.errors import FileNotFound
 from shared import names
-from shared.blobstore import Blob, BlobStore, check_key, check_prefix, hour_of
+from shared.blobstore import Blob, BlobStore, check_key, hour_of, hour_prefix
 from shared.blobstore.keys import UNOWNED
 from shared.job_ids import created_at, new_job_id
 
@@ -41,7 +41,7 @@ def is_file_id(file_id: str) -> bool:
 
 
 def files_hour_prefix(hour: datetime) -> str:
-    return check_prefix(f"{FILES}/{hour:%Y%m%d%H}/")
+    return hour_prefix(hour, FILES)
 
 
 def file_blob_key(file_id: str, owner: str | None) -> str:

@@ -352,7 +352,7 @@ class Decoder:
     def _tell(self, r: Running, hook: OnText) -> None:
         """Hand a row's hook its state; the hook decodes only if it asks for the text."""
         seq = r.seq
-        update = TextUpdate(tokens=seq.tokens, prompt_tokens=len(r.row.prompt),
+        update = TextUpdate(tokens=seq.tokens, prompt_tokens=seq.prompt_tokens,
                             finish_reason=seq.finish_reason, text=lambda: seq.stream_text(self.p))
         try:
             hook(update)
@@ -367,7 +367,7 @@ class Decoder:
             if r.stopped:
                 partial = TextResult(text=self.p.decode(r.seq.generated),
                                      finish_reason=FinishReason.CANCELED, tokens=r.seq.tokens,
-                                     prompt_tokens=len(r.row.prompt))
+                                     prompt_tokens=r.seq.prompt_tokens)
                 settles.append((r.waiting, None, PipelineStopped(partial)))
             elif r.seq.finished:
                 settles.append((r.waiting, r.seq.result(), None))
