@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from services.devstack import bench_engine, bench_openai, bench_peers
+from services.devstack import bench_engine, bench_openai, bench_outputs, bench_peers
 from services.devstack.bench_lifecycle import cancel_to_free, webhook_latency
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
@@ -94,6 +94,7 @@ def main() -> None:
             oai = bench_openai.run(base)
         finally:
             stop(procs)
+    outputs = bench_outputs.run(args.n)
     engine = bench_engine.run(n=args.burst)
     peers = None
     if args.peers != "skip":
@@ -101,9 +102,9 @@ def main() -> None:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks", "",
-        "Produced by `make bench` (services/devstack/bench.py, bench_engine.py): a local stack",
-        "(Redis, API, one CPU worker). Latency: jobs submitted one at a time, from POST to",
-        "`succeeded` as the client sees it (polling every 2 ms).", "",
+        "Produced by `make bench` (services/devstack/bench.py and the bench_*.py beside it):",
+        "a local stack (Redis, API, one CPU worker). Latency: jobs submitted one at a time,",
+        "from POST to `succeeded` as the client sees it (polling every 2 ms).", "",
         f"Machine: {machine()}. Date: {when}.", "",
         "| job | n | median (s) | p90 (s) | min (s) | max (s) |",
         "|---|---|---|---|---|---|",
@@ -117,6 +118,7 @@ def main() -> None:
     for name, r in lifecycle.items():
         lines.append(f"| {name} | {r['n']} | {r['median'] * 1000:.1f} | {r['p90'] * 1000:.1f} "
                      f"| {r['min'] * 1000:.1f} | {r['max'] * 1000:.1f} |")
+    lines += ["", *bench_outputs.report(outputs)]
     lines += ["", *bench_openai.report(oai)]
     lines += ["", *bench_engine.report(engine)]
     if peers is not None:

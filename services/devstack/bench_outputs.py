@@ -1,0 +1,131 @@
+"""Output fetch latency for `make bench`, from each blob store backend.
+
+    .venv/bin/python -m services.devstack.bench_outputs -n 30
+
+For each backend a stack of its own (Redis, API, one CPU worker serving tiny-sd), n one-image
+jobs (256x256, one step, so the PNG is as large as the model allows), then each output fetched
+n times with GET /v1/jobs/{id}/outputs/0, measured from the request to the last byte:
+
+- local: a folder the API and the worker share (a PersistentVolume in deploy/k8s);
+- s3: moto's S3 server on a free port, the API streaming the object through;
+- s3, presigned redirect (FIBERMILL_BLOB_PRESIGNED_REDIRECT): the API answers 307 and the
+  client follows the URL to the store itself.
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from services.devstack.bench_engine import stack_env
+from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.redis_server import free_port, start_redis
+
+BACKENDS = {
+    "local (shared folder), streamed by the API": {},
+    "S3 (moto server), streamed by the API": {"s3": True},
+    "S3 (moto server), 307 to a presigned URL": {"s3": True, "redirect": True},
+}
+IMAGE = {"task": "image-generation", "model": "tiny-sd",
+         "input": {"prompts": ["a red fox"], "width": 256, "height": 256, "steps": 1, "seed": 3}}
+
+
+@contextmanager
+def _moto():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(url, timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "moto's server did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def _stack(tmp: Path, s3_url: str | None, redirect: bool):
+    rport, port = free_port(), free_port()
+    redis_proc = start_redis(rport, tmp, appendonly=False)
+    env = stack_env(rport, 0, "tiny-sd", batching=True)
+    env["FIBERMILL_BLOB_DIR"] = str(tmp / "blobs")
+    if s3_url:
+        env |= {"FIBERMILL_BLOB_BACKEND": "s3", "FIBERMILL_S3_ENDPOINT_URL": s3_url,
+                "FIBERMILL_S3_BUCKET": "bench", "FIBERMILL_S3_CREATE_BUCKET": "true",
+                "FIBERMILL_S3_ACCESS_KEY_ID": "bench", "FIBERMILL_S3_SECRET_ACCESS_KEY": "bench",
+                "FIBERMILL_BLOB_PRESIGNED_REDIRECT": "true" if redirect else "false"}
+    workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = start_api(port, env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(base, timeout=300, procs=[api, workers])
+        yield base
+    finally:
+        stop([api, workers, redis_proc])
+
+
+def _fetch_times(base: str, n: int) -> dict:
+    with httpx.Client(base_url=base, timeout=60, follow_redirects=True) as http:
+        ids = []
+        for _ in range(n):
+            r = http.post("/v1/jobs", json=IMAGE, headers={"Prefer": "wait=60"})
+            job = r.json()
+            assert job["status"] == "succeeded", job
+            ids.append(job["id"])
+        http.get(f"/v1/jobs/{ids[0]}/outputs/0").raise_for_status()  # warm-up
+        xs, sizes, hops = [], set(), set()
+        for job_id in ids:
+            t0 = time.perf_counter()
+            r = http.get(f"/v1/jobs/{job_id}/outputs/0")
+            xs.append(time.perf_counter() - t0)
+            r.raise_for_status()
+            assert r.content[:8] == b"\x89PNG\r\n\x1a\n"
+            sizes.add(len(r.content))
+            hops.add(len(r.history))
+    xs.sort()
+    return {"n": n, "median": statistics.median(xs), "p90": xs[int(0.9 * (n - 1))],
+            "bytes": statistics.median(sorted(sizes)), "redirects": max(hops)}
+
+
+def run(n: int = 30) -> dict[str, dict]:
+    out = {}
+    for name, how in BACKENDS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            if how.get("s3"):
+                with _moto() as s3, _stack(Path(tmp), s3, how.get("redirect", False)) as base:
+                    out[name] = _fetch_times(base, n)
+            else:
+                with _stack(Path(tmp), None, False) as base:
+                    out[name] = _fetch_times(base, n)
+    return out
+
+
+def report(rows: dict[str, dict]) -> list[str]:
+    lines = ["Output fetch, GET /v1/jobs/{id}/outputs/0 of a 256x256 PNG, request to last byte "
+             "(each output fetched once, after one warm-up fetch; one stack per backend):", "",
+             "| backend | n | PNG bytes | redirects | median (ms) | p90 (ms) |",
+             "|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['n']} | {r['bytes']:.0f} | {r['redirects']} | "
+                     f"{r['median'] * 1000:.1f} | {r['p90'] * 1000:.1f} |")
+    return lines
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=30)
+    print("\n".join(report(run(ap.parse_args().n))))
