@@ -285,11 +285,12 @@ class JobStore:
 
     # Sub-results ----------------------------------------------------------------------------
 
-    async def store_result(self, job_id: str, result: SubResult,
-                           model: str | None = None) -> int:
+    async def store_result(self, job_id: str, result: SubResult, model: str | None = None,
+                           event: str | None = None) -> int:
         """Write a sub-result once per (job, index): 1 written, 0 duplicate, -1 gone, -2 final.
         The writer's lease on it (`result.worker`) is released in the same step. `model`, the
-        job's model when the caller knows it, saves reading it first."""
+        job's model when the caller knows it, saves reading it first. `event`, an encoded event
+        for the job's channel, is published in the same step when the result is written."""
         member = f"{job_id}:{result.index}"
         backlog = names.backlog_key(model) if model else await self._backlog_key(job_id)
         return await self._store_result(
@@ -308,6 +309,7 @@ class JobStore:
                 int(result.ok),
                 member,
                 result.worker,
+                *((names.events_channel(job_id), event) if event else ()),
             ],
         )
 

@@ -120,7 +120,10 @@ return completed
 )
 
 # KEYS: job, results, completion stream, leases, owners, the model's backlog.
-# ARGV: index, result json, job id, ok flag, lease member, worker.
+# ARGV: index, result json, job id, ok flag, lease member, worker, and optionally the job's
+# events channel and an event to publish on it with the result (a text's final `output` event:
+# it goes out only with the result it describes, and before the completion that may end the
+# job's event streams).
 # Writes a sub-result once per (job, index) and announces it on the completion stream in the
 # same step, so a duplicate delivery can neither change the result nor count twice; the job's
 # `done` is the size of its results hash, set in the same step. The sub-request leaves the
@@ -138,6 +141,7 @@ if not st then return -1 end
 redis.call('ZREM', KEYS[6], ARGV[5])
 if is_final(st) then return -2 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+if ARGV[8] and ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
 redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
 redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'kind', 'result', 'index', ARGV[1],
   'ok', ARGV[4])

@@ -109,7 +109,8 @@ class Handler:
         try:
             made = await arrival.submit(sub.item, self.progress.hook(flight), tag=sub.member,
                                         isolate=sub.isolated, on_text=on_text)
-            # Its last output event goes out before the result that may make the job final.
+            # Its output events go out before the result that may make the job final; the
+            # final one goes out with the result, in the same script.
             await on_text.flushed()
             result.output, blob = _generated(made)
             outcome = Outcome.SUCCEEDED
@@ -133,7 +134,9 @@ class Handler:
                 outcome = Outcome.FAILED
         metrics.PHASE_SECONDS.labels(sub.model, "subrequest").observe(time.perf_counter() - t0)
         result.finished_at = time.time()
-        if await self.store.store_result(sub.job_id, result, model=sub.model) != 1:
+        event = on_text.final if outcome == Outcome.SUCCEEDED else None
+        if await self.store.store_result(sub.job_id, result, model=sub.model,
+                                         event=event) != 1:
             return Outcome.DUPLICATE, True
         return outcome, True
 

@@ -4,9 +4,11 @@ Steps: pipelines call their `should_stop` hook once between denoise or decode st
 boundary is also where progress is counted, so this hook does both. Text: the decoder hands a
 text sub-request's `on_text` hook (`TextPublisher`) its row after every read of the tokens, and
 the new text goes out as `output` events. Publishing is fire-and-forget and throttled to one
-event per `MIN_INTERVAL_SECONDS` (the first at once, so that even a short sub-request shows it
-started; an item that asked for `stream` gets its text at every read): a slow Redis never slows
-the device thread.
+event per `MIN_INTERVAL_SECONDS` from the sub-request's start (an item that asked for `stream`
+gets its text at every read): a slow Redis never slows the device thread, and a short
+sub-request costs no publish at all (the job's `running` status event already shows it
+started). A text's final `output` event is not published here but by the script that stores
+its result (`TextPublisher.final`), in the same round trip.
 """
 
 import asyncio
@@ -39,7 +41,7 @@ class ProgressPublisher:
         sub = flight.sub
         total = sub.item.steps if isinstance(sub.item, ImageItem) else sub.item.max_new_tokens
         channel = names.events_channel(sub.job_id)
-        last_sent = 0.0
+        last_sent = time.monotonic()
 
         def should_stop() -> bool:
             nonlocal last_sent
@@ -63,11 +65,11 @@ class ProgressPublisher:
 class TextPublisher:
     """Publishes a text sub-request's new text as `output` events: at every read that made
     some when its item asked for `stream`, otherwise at most once per `MIN_INTERVAL_SECONDS`
-    (the text adds up in between). Either way its first text goes out at once, and its final
-    event (the rest of the text, finish_reason, prompt_tokens) always; a row asked to stop
-    publishes nothing more. Each event's publish waits for the one before under a lock, which
-    asyncio hands over in arrival order: two events of one index cannot cross on two pooled
-    connections."""
+    (the text adds up in between). Its final event (the rest of the text, finish_reason,
+    prompt_tokens) is kept as `final` for the handler to store with the result; a row asked to
+    stop publishes nothing more. Each event's publish waits for the one before under a lock,
+    which asyncio hands over in arrival order: two events of one index cannot cross on two
+    pooled connections."""
 
     def __init__(self, redis: aioredis.Redis, loop: asyncio.AbstractEventLoop,
                  flight: InFlight) -> None:
@@ -76,7 +78,8 @@ class TextPublisher:
         item = flight.sub.item
         self.every_read = isinstance(item, TextItem) and item.stream
         self.sent = 0  # characters published so far
-        self.last_sent = 0.0
+        self.last_sent = time.monotonic()
+        self.final: str | None = None  # the encoded final event, once the row has ended
         self._order = asyncio.Lock()
         self._last: Future | None = None  # the latest publish handed to the loop
 
@@ -87,8 +90,7 @@ class TextPublisher:
         if not final:
             if self.flight.stop.is_set():
                 return
-            if not (self.every_read or self.sent == 0
-                    or now - self.last_sent >= MIN_INTERVAL_SECONDS):
+            if not (self.every_read or now - self.last_sent >= MIN_INTERVAL_SECONDS):
                 return
         text = update.text()
         if len(text) <= self.sent and not final:
@@ -98,6 +100,9 @@ class TextPublisher:
                           finish_reason=update.finish_reason,
                           prompt_tokens=update.prompt_tokens if final else None)
         self.sent, self.last_sent = len(text), now
+        if final:
+            self.final = OutputEvent(data=data).encode()
+            return
         self._last = asyncio.run_coroutine_threadsafe(
             self._publish(OutputEvent(data=data).encode()), self.loop)
 
@@ -111,6 +116,7 @@ class TextPublisher:
 
     async def flushed(self, timeout: float = FLUSH_SECONDS) -> None:
         """Wait (at most `timeout`) until the events handed over so far are published, so that
-        the last one is on the job's channel before the result that may make the job final."""
+        they are on the job's channel before the final one and the result that may make the
+        job final."""
         if self._last is not None:
             await asyncio.wait([asyncio.wrap_future(self._last)], timeout=timeout)

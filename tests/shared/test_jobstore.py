@@ -117,6 +117,28 @@ async def test_concurrent_duplicate_results_are_written_once(store, aredis):
     assert await aredis.xlen(names.COMPLETIONS_STREAM) == 4  # one completion per index
 
 
+async def test_a_results_event_is_published_with_it_and_only_with_its_first_write(
+    store, aredis
+):
+    await _job(store, total=2)
+    pubsub = aredis.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(names.events_channel("j1"))
+    try:
+        assert await store.store_result("j1", SubResult(index=0, output=_text("a")),
+                                        event="first") == 1
+        assert await store.store_result("j1", SubResult(index=0, output=_text("a")),
+                                        event="again") == 0  # a duplicate: nothing published
+        assert await store.store_result("j1", SubResult(index=1, output=_text("b"))) == 1
+        heard = []
+        deadline = time.monotonic() + 0.5
+        while (left := deadline - time.monotonic()) > 0:
+            if (msg := await pubsub.get_message(timeout=left)) is not None:
+                heard.append(msg["data"])
+    finally:
+        await pubsub.aclose()
+    assert heard == [b"first"]
+
+
 async def test_result_refused_once_job_is_final(store):
     await _job(store)
     await store.finalize("j1", JobStatus.CANCELED, [None, None, None])

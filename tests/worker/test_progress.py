@@ -1,6 +1,7 @@
 """Output events of text sub-requests (services/worker/progress.py), heard on the job's real
-Redis channel: every read when the item streams, throttled otherwise, the first and the final
-event always, in order, and nothing more once the row was asked to stop."""
+Redis channel: every read when the item streams, throttled from the start otherwise, in order,
+and nothing more once the row was asked to stop; the final event is kept for the script that
+stores the result (tests/shared/test_jobstore.py hears it published there)."""
 
 import asyncio
 import time
@@ -16,7 +17,7 @@ from services.worker.engine.engine import Engine
 from services.worker.flights import InFlight
 from services.worker.pipelines.text import CausalLMTextPipeline
 from services.worker.pipelines.text_stream import TextUpdate
-from services.worker.progress import ProgressPublisher
+from services.worker.progress import ProgressPublisher, TextPublisher
 from shared import names
 from shared.messages import FinishReason, OutputData, OutputEvent, StopReason, SubRequest, TextItem
 from shared.registry import ModelKind, ModelSpec
@@ -57,11 +58,11 @@ class Channel:
     async def __aexit__(self, *exc) -> None:
         await self.pubsub.aclose()
 
-    async def outputs(self, finals: int = 1, timeout: float = 10) -> list[OutputData]:
-        """Output events until `finals` final ones came."""
+    async def outputs(self, count: int, timeout: float = 10) -> list[OutputData]:
+        """The next `count` output events."""
         got: list[OutputData] = []
         async with asyncio.timeout(timeout):
-            while sum(d.finish_reason is not None for d in got) < finals:
+            while len(got) < count:
                 msg = await self.pubsub.get_message(timeout=1)
                 if msg is not None:
                     got.append(OutputEvent.decode(msg["data"]).data)
@@ -83,46 +84,56 @@ async def _on_device(hook: Callable[[TextUpdate], None], updates: list[TextUpdat
     await asyncio.to_thread(lambda: [hook(u) for u in updates])
 
 
+def _final(hook: TextPublisher) -> OutputData:
+    assert hook.final is not None, "the row ended without a final event"
+    return OutputEvent.decode(hook.final).data
+
+
 async def test_a_streamed_item_publishes_every_read_in_order(aredis):
     hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight(stream=True))
     text = "".join(chr(ord("a") + i % 26) for i in range(200))
     updates = [_update(text[:i], i) for i in range(1, 200)] + [_update(text, 200, final=True)]
     async with Channel(aredis) as channel:
         await _on_device(hook, updates)
-        got = await channel.outputs()
-    assert [d.text for d in got] == list(text)  # one per read, none crossed another
-    assert [d.tokens for d in got] == list(range(1, 201))
-    assert [(d.finish_reason, d.prompt_tokens) for d in got[-1:]] == [(FINAL, 3)]
-    assert all(d.finish_reason is None and d.prompt_tokens is None for d in got[:-1])
+        got = await channel.outputs(199)
+        assert await channel.heard(0.2) == []  # the final one is kept for the result
+    assert [d.text for d in got] == list(text[:199])  # one per read, none crossed another
+    assert [d.tokens for d in got] == list(range(1, 200))
+    assert all(d.finish_reason is None and d.prompt_tokens is None for d in got)
+    final = _final(hook)
+    assert (final.text, final.offset, final.tokens) == (text[199], 199, 200)
+    assert (final.finish_reason, final.prompt_tokens) == (FINAL, 3)
 
 
-async def test_without_stream_events_are_throttled_but_first_and_final_come(
+async def test_without_stream_events_are_throttled_from_the_start(
     aredis, monkeypatch: pytest.MonkeyPatch
 ):
     now = 0.0
     monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: now))
     hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight())
     async with Channel(aredis) as channel:
-        # No text yet (a character still incomplete): nothing, and the next text goes at once.
-        for at, update in [(0.0, _update("", 1)), (0.01, _update("He", 2)),
-                           (0.05, _update("Hel", 3)), (0.1, _update("Hell", 4)),
-                           (0.111, _update("Hello", 5)), (0.15, _update("Hello,", 6)),
-                           (0.16, _update("Hello, w", 7, final=True))]:
+        for at, update in [(0.01, _update("He", 2)), (0.05, _update("Hel", 3)),
+                           (0.1, _update("", 4)),  # a character still incomplete: nothing
+                           (0.11, _update("Hell", 5)), (0.15, _update("Hello", 6)),
+                           (0.211, _update("Hello,", 7)), (0.25, _update("Hello, w", 8, True))]:
             now = at
             await _on_device(hook, [update])
-        got = await channel.outputs()
-    # First text at once; then at most one event per interval, the text adding up between.
-    assert [(d.text, d.tokens) for d in got] == [("He", 2), ("llo", 5), (", w", 7)]
-    assert (got[-1].finish_reason, got[-1].prompt_tokens) == (FINAL, 3)
+        got = await channel.outputs(2)
+        assert await channel.heard(0.2) == []
+    # Nothing in the first interval; then at most one event per interval, the text adding up.
+    assert [(d.text, d.tokens) for d in got] == [("Hell", 5), ("o,", 7)]
+    final = _final(hook)
+    assert (final.text, final.offset, final.tokens, final.finish_reason) == (" w", 6, 8, FINAL)
 
 
-async def test_a_final_event_comes_even_with_no_new_text(aredis, monkeypatch):
-    monkeypatch.setattr(progress, "MIN_INTERVAL_SECONDS", 3600)
+async def test_a_short_row_publishes_nothing_and_keeps_its_whole_text_for_the_result(aredis):
     hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight())
     async with Channel(aredis) as channel:
         await _on_device(hook, [_update("ab", 1), _update("abc", 2), _update("abc", 3, True)])
-        got = await channel.outputs()
-    assert [(d.text, d.finish_reason) for d in got] == [("ab", None), ("c", FINAL)]
+        await hook.flushed()
+        assert await channel.heard(0.2) == []
+    final = _final(hook)
+    assert (final.text, final.offset, final.tokens, final.finish_reason) == ("abc", 0, 3, FINAL)
 
 
 async def test_a_row_asked_to_stop_publishes_nothing_more(aredis):
@@ -140,7 +151,8 @@ async def test_a_row_asked_to_stop_publishes_nothing_more(aredis):
 
 async def test_decoded_rows_publish_texts_that_add_up(aredis, pipeline: CausalLMTextPipeline):
     """The real decoder calls the hooks on its device thread: the streamed row is heard at
-    every read, the other at least at its first text and at its end."""
+    every read; with its final event (kept for the result) each row's events add up to its
+    text."""
     publisher = ProgressPublisher(aredis, asyncio.get_running_loop())
     flights = [_flight(0, stream=True, max_new_tokens=40), _flight(1, max_new_tokens=40)]
     hooks = [publisher.text_hook(f) for f in flights]
@@ -158,15 +170,15 @@ async def test_decoded_rows_publish_texts_that_add_up(aredis, pipeline: CausalLM
             engine.submit(flights[1].sub.item, on_text=hooks[1]))
         for hook in hooks:
             await hook.flushed()
-        got = await channel.outputs(finals=2)
+        got = await channel.heard(0.3)
     assert results[0] == results[1]  # the same item: greedy
     for index, result in enumerate(results):
-        events = [d for d in got if d.index == index]
+        events = [d for d in got if d.index == index] + [_final(hooks[index])]
         assert "".join(d.text for d in events) == result.text
         assert [d.finish_reason for d in events].count(None) == len(events) - 1
         last = events[-1]
         assert (last.finish_reason, last.tokens, last.prompt_tokens) == (
             result.finish_reason, result.tokens, result.prompt_tokens)
     streamed = [d for d in got if d.index == 0]
-    assert len(streamed) == reads  # every read made new text here
-    assert 2 <= len([d for d in got if d.index == 1]) <= len(streamed)
+    assert len(streamed) + 1 == reads  # every read made new text here; the last is the final
+    assert len([d for d in got if d.index == 1]) < len(streamed)

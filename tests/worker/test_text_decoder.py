@@ -184,6 +184,40 @@ def test_rows_join_and_leave_between_steps(pipeline: CausalLMTextPipeline, loop:
     assert loop.run(scenario()) == reference
 
 
+def test_a_decode_step_reads_only_the_columns_its_rows_hold(
+    pipeline: CausalLMTextPipeline, loop: Loop, monkeypatch: pytest.MonkeyPatch
+):
+    # A row that joins late keeps decoding after the early one left: the shared column is
+    # then far past the late row's first column, and the step reads only the late row's.
+    early = TextItem(prompt=PROMPTS[1], max_new_tokens=40)
+    late = TextItem(prompt=PROMPTS[5], max_new_tokens=60)
+    reference = alone(pipeline, [early, late])
+    decoder = pipeline.decoder
+    reads = []  # (keys read, the shared column + 1, the most columns a row holds + 1)
+    update = text_cache.SlotCache.update
+
+    def recording(self, key_states, value_states, layer_idx, *args, **kwargs):
+        keys, values = update(self, key_states, value_states, layer_idx, *args, **kwargs)
+        if layer_idx == 0 and self._cols.stop - self._cols.start == 1:  # a decode step
+            reads.append((keys.shape[2], self.column + 1,
+                          max(r.columns for r in decoder.running) + 1))
+        return keys, values
+
+    monkeypatch.setattr(text_cache.SlotCache, "update", recording)
+    engine = Engine(pipeline)
+
+    async def scenario():
+        first = asyncio.ensure_future(engine.submit(early))
+        while not decoder.running or decoder.running[0].seq.tokens < 30:
+            await asyncio.sleep(0.001)
+        second = asyncio.ensure_future(engine.submit(late))
+        return [await first, await second]
+
+    assert loop.run(scenario()) == reference
+    assert all(read == held for read, _, held in reads)
+    assert any(read < column - 20 for read, column, _ in reads)  # the window, not the column
+
+
 def test_a_full_pool_makes_rows_wait(model_dir: Path, loop: Loop):
     pipe = _pipeline(model_dir, name="tiny-gpt2-two-slots", max_batch=2)
     items = random_items(9, seed=5)

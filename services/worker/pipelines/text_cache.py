@@ -62,16 +62,18 @@ class SlotCache:
         start = self.column - width
         self._rows, self._cols, self._reads = rows, slice(start, self.column), start
 
-    def for_decode(self, n: int) -> None:
-        """The next forward writes one token for rows 0..n-1 at the shared column."""
+    def for_decode(self, n: int, start: int = 0) -> None:
+        """The next forward writes one token for rows 0..n-1 at the shared column, and reads
+        back the columns from `start` (before it, no row holds any)."""
         self._rows, self._cols, self._reads = slice(0, n), slice(self.column,
-                                                                self.column + 1), 0
+                                                                self.column + 1), start
 
-    def move(self, src: int, dst: int, columns: int) -> None:
-        """Copy slot `src` into slot `dst` (the first `columns` columns)."""
+    def move(self, src: int, dst: int, lo: int, hi: int) -> None:
+        """Copy slot `src` into slot `dst`: its columns [lo, hi), where all of its own lie;
+        the rest of `dst` is masked out by the valid flags copied whole."""
         for k, v in zip(self.keys, self.values, strict=True):
-            k[dst, :, :columns] = k[src, :, :columns]
-            v[dst, :, :columns] = v[src, :, :columns]
+            k[dst, :, lo:hi] = k[src, :, lo:hi]
+            v[dst, :, lo:hi] = v[src, :, lo:hi]
         self.valid[dst] = self.valid[src]
 
     def compact(self, n: int, longest: int) -> None:

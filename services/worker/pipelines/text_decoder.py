@@ -313,11 +313,16 @@ class Decoder:
     def _step(self, step: int) -> None:
         p, cache = self.p, self.cache
         n = len(self.running)
+        longest = max(r.columns for r in self.running)
         if cache.column >= cache.length:
-            cache.compact(n, max(r.columns for r in self.running))
+            cache.compact(n, longest)
+        # Every row's columns end at the shared column, so none lies before `start`: the
+        # step reads only that window, however far the column has moved on since the cache
+        # was last compacted (a slot is as long as the model's context).
+        start = cache.column - longest
         cache.valid[:n, cache.column] = True
-        mask = cache.valid[:n, None, None, :cache.column + 1]
-        cache.for_decode(n)
+        mask = cache.valid[:n, None, None, start:cache.column + 1]
+        cache.for_decode(n, start)
         out = p.forward(self.next_ids[:n, None], mask, self.positions[:n, None], cache)
         cache.column += 1
         sampled = any(r.row.item.temperature > 0 for r in self.running)
@@ -383,7 +388,8 @@ class Decoder:
         return settles
 
     def _move(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst, self.cache.column)
+        column = self.cache.column
+        self.cache.move(src, dst, column - self.running[src].columns, column)
         for t in (self.next_ids, self.positions, self.made, self.uniforms):
             t[dst] = t[src]
         self.params[:, dst] = self.params[:, src]
