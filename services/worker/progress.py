@@ -7,24 +7,20 @@ the new text goes out as `output` events. Publishing is fire-and-forget and thro
 event per `MIN_INTERVAL_SECONDS` from the sub-request's start (an item that asked for `stream`
 gets its text at every read): a slow Redis never slows the device thread, and a short
 sub-request costs no publish at all (the job's `running` status event already shows it
-started). A text's final `output` event is not published here but by the script that stores
-its result (`TextPublisher.final`), in the same round trip.
+started). Events go out through the runtime's `EventOutbox`, gathered into pipelines. A text's
+final `output` event is not published here but by the script that stores its result
+(`TextPublisher.final`), in the same round trip.
 """
 
 import asyncio
-import logging
 import time
-from concurrent.futures import Future
-
-import redis.asyncio as aioredis
 
 from services.worker.engine.batch import ShouldStop
 from services.worker.flights import InFlight
+from services.worker.outbox import EventOutbox
 from services.worker.pipelines.text_stream import TextUpdate
 from shared import names
 from shared.messages import ImageItem, OutputData, OutputEvent, StepData, StepEvent, TextItem
-
-log = logging.getLogger(__name__)
 
 MIN_INTERVAL_SECONDS = 0.1
 # The longest a finished text sub-request waits for its output events to be published before
@@ -33,9 +29,8 @@ FLUSH_SECONDS = 1.0
 
 
 class ProgressPublisher:
-    def __init__(self, redis: aioredis.Redis, loop: asyncio.AbstractEventLoop) -> None:
-        self.redis = redis
-        self.loop = loop  # the runtime's loop; hooks are called from the device thread
+    def __init__(self, outbox: EventOutbox) -> None:
+        self.outbox = outbox  # hooks are called from the device thread
 
     def hook(self, flight: InFlight) -> ShouldStop:
         sub = flight.sub
@@ -51,37 +46,33 @@ class ProgressPublisher:
                 last_sent = now
                 event = StepEvent(data=StepData(index=sub.index, step=min(flight.steps, total),
                                                 steps=total))
-                asyncio.run_coroutine_threadsafe(self.redis.publish(channel, event.encode()),
-                                                 self.loop)
+                self.outbox.put(channel, event.encode())
             return flight.stop.is_set()
 
         return should_stop
 
     def text_hook(self, flight: InFlight) -> "TextPublisher":
         """The `on_text` hook of a text sub-request (engine/engine.py)."""
-        return TextPublisher(self.redis, self.loop, flight)
+        return TextPublisher(self.outbox, flight)
 
 
 class TextPublisher:
     """Publishes a text sub-request's new text as `output` events: at every read that made
-    some when its item asked for `stream`, otherwise at most once per `MIN_INTERVAL_SECONDS`
-    (the text adds up in between). Its final event (the rest of the text, finish_reason,
-    prompt_tokens) is kept as `final` for the handler to store with the result; a row asked to
-    stop publishes nothing more. Each event's publish waits for the one before under a lock,
-    which asyncio hands over in arrival order: two events of one index cannot cross on two
-    pooled connections."""
+    some when its item asked for `stream` (flushed at once: a client is waiting on it),
+    otherwise at most once per `MIN_INTERVAL_SECONDS` (the text adds up in between). Its final
+    event (the rest of the text, finish_reason, prompt_tokens) is kept as `final` for the
+    handler to store with the result; a row asked to stop publishes nothing more. The outbox
+    publishes events in the order they were handed over, so an index's events never cross."""
 
-    def __init__(self, redis: aioredis.Redis, loop: asyncio.AbstractEventLoop,
-                 flight: InFlight) -> None:
-        self.redis, self.loop, self.flight = redis, loop, flight
+    def __init__(self, outbox: EventOutbox, flight: InFlight) -> None:
+        self.outbox, self.flight = outbox, flight
         self.channel = names.events_channel(flight.sub.job_id)
         item = flight.sub.item
         self.every_read = isinstance(item, TextItem) and item.stream
         self.sent = 0  # characters published so far
         self.last_sent = time.monotonic()
         self.final: str | None = None  # the encoded final event, once the row has ended
-        self._order = asyncio.Lock()
-        self._last: Future | None = None  # the latest publish handed to the loop
+        self._handed = False  # some event went to the outbox
 
     def __call__(self, update: TextUpdate) -> None:
         """On the device thread, after a read that advanced the row."""
@@ -103,20 +94,12 @@ class TextPublisher:
         if final:
             self.final = OutputEvent(data=data).encode()
             return
-        self._last = asyncio.run_coroutine_threadsafe(
-            self._publish(OutputEvent(data=data).encode()), self.loop)
-
-    async def _publish(self, payload: str) -> None:
-        async with self._order:
-            try:
-                await self.redis.publish(self.channel, payload)
-            except Exception:  # best effort, as every live event
-                log.debug("output event of %s not published", self.flight.sub.member,
-                          exc_info=True)
+        self.outbox.put(self.channel, OutputEvent(data=data).encode(), urgent=self.every_read)
+        self._handed = True
 
     async def flushed(self, timeout: float = FLUSH_SECONDS) -> None:
         """Wait (at most `timeout`) until the events handed over so far are published, so that
         they are on the job's channel before the final one and the result that may make the
         job final."""
-        if self._last is not None:
-            await asyncio.wait([asyncio.wrap_future(self._last)], timeout=timeout)
+        if self._handed:
+            await asyncio.wait([asyncio.ensure_future(self.outbox.flush())], timeout=timeout)

@@ -32,6 +32,7 @@ from services.worker.flights import Flights
 from services.worker.handler import Handler
 from services.worker.heartbeat import Heartbeat
 from services.worker.identity import WorkerIdentity
+from services.worker.outbox import EventOutbox
 from services.worker.outputs import OutputWriter
 from services.worker.pipelines.factory import build_pipeline
 from services.worker.progress import ProgressPublisher
@@ -76,7 +77,7 @@ class WorkerRuntime:
         # Used on the runtime loop only (an S3 client belongs to the loop that opened it).
         self.blobs = open_store(settings)
         self.handler = Handler(settings, self.id, self.store, self.engines, self.flights,
-                               self.drainer, ProgressPublisher(self.redis, self.loop),
+                               self.drainer, ProgressPublisher(EventOutbox(self.redis, self.loop)),
                                OutputWriter(self.blobs, settings.blob_outage_seconds))
         self.cancels = CancelListener(self.redis, self.flights)
         self.heartbeat = Heartbeat(settings, self.identity, list(self.specs), self.redis,

@@ -15,6 +15,7 @@ import torch
 from services.worker import progress
 from services.worker.engine.engine import Engine
 from services.worker.flights import InFlight
+from services.worker.outbox import EventOutbox
 from services.worker.pipelines.text import CausalLMTextPipeline
 from services.worker.pipelines.text_stream import TextUpdate
 from services.worker.progress import ProgressPublisher, TextPublisher
@@ -38,6 +39,10 @@ def _flight(index: int = 0, stream: bool = False, max_new_tokens: int = 50) -> I
     item = TextItem(prompt="Hello", max_new_tokens=max_new_tokens, stream=stream)
     sub = SubRequest(job_id="j1", index=index, model="tiny-gpt2", item=item)
     return InFlight(sub, time.time() + 60)
+
+
+def _publisher(aredis) -> ProgressPublisher:
+    return ProgressPublisher(EventOutbox(aredis, asyncio.get_running_loop()))
 
 
 def _update(text: str, tokens: int, final: bool = False) -> TextUpdate:
@@ -90,7 +95,7 @@ def _final(hook: TextPublisher) -> OutputData:
 
 
 async def test_a_streamed_item_publishes_every_read_in_order(aredis):
-    hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight(stream=True))
+    hook = _publisher(aredis).text_hook(_flight(stream=True))
     text = "".join(chr(ord("a") + i % 26) for i in range(200))
     updates = [_update(text[:i], i) for i in range(1, 200)] + [_update(text, 200, final=True)]
     async with Channel(aredis) as channel:
@@ -110,7 +115,7 @@ async def test_without_stream_events_are_throttled_from_the_start(
 ):
     now = 0.0
     monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: now))
-    hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight())
+    hook = _publisher(aredis).text_hook(_flight())
     async with Channel(aredis) as channel:
         for at, update in [(0.01, _update("He", 2)), (0.05, _update("Hel", 3)),
                            (0.1, _update("", 4)),  # a character still incomplete: nothing
@@ -127,7 +132,7 @@ async def test_without_stream_events_are_throttled_from_the_start(
 
 
 async def test_a_short_row_publishes_nothing_and_keeps_its_whole_text_for_the_result(aredis):
-    hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(_flight())
+    hook = _publisher(aredis).text_hook(_flight())
     async with Channel(aredis) as channel:
         await _on_device(hook, [_update("ab", 1), _update("abc", 2), _update("abc", 3, True)])
         await hook.flushed()
@@ -138,7 +143,7 @@ async def test_a_short_row_publishes_nothing_and_keeps_its_whole_text_for_the_re
 
 async def test_a_row_asked_to_stop_publishes_nothing_more(aredis):
     flight = _flight(stream=True)
-    hook = ProgressPublisher(aredis, asyncio.get_running_loop()).text_hook(flight)
+    hook = _publisher(aredis).text_hook(flight)
     async with Channel(aredis) as channel:
         await _on_device(hook, [_update("a", 1), _update("ab", 2)])
         await hook.flushed()
@@ -153,7 +158,7 @@ async def test_decoded_rows_publish_texts_that_add_up(aredis, pipeline: CausalLM
     """The real decoder calls the hooks on its device thread: the streamed row is heard at
     every read; with its final event (kept for the result) each row's events add up to its
     text."""
-    publisher = ProgressPublisher(aredis, asyncio.get_running_loop())
+    publisher = _publisher(aredis)
     flights = [_flight(0, stream=True, max_new_tokens=40), _flight(1, max_new_tokens=40)]
     hooks = [publisher.text_hook(f) for f in flights]
     reads = 0
