@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from services.devstack import bench_engine, bench_openai, bench_outputs, bench_peers
+from services.devstack import bench_engine, bench_openai, bench_outputs, bench_peers, bench_queue
 from services.devstack.bench_lifecycle import cancel_to_free, webhook_latency
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
@@ -95,6 +95,7 @@ def main() -> None:
         finally:
             stop(procs)
     outputs = bench_outputs.run(args.n)
+    queue = bench_queue.run(n=400, clients=32)
     engine = bench_engine.run(n=args.burst)
     peers = None
     if args.peers != "skip":
@@ -120,7 +121,12 @@ def main() -> None:
                      f"| {r['min'] * 1000:.1f} | {r['max'] * 1000:.1f} |")
     lines += ["", *bench_outputs.report(outputs)]
     lines += ["", *bench_openai.report(oai)]
-    lines += ["", *bench_engine.report(engine)]
+    lines += ["", "## Engine: batching, and what the queue costs", "",
+              *bench_engine.report(engine)]
+    lines += ["", "## The queue path: Redis commands and CPU per job", "",
+              "From services/devstack/bench_queue.py, on a stack of its own (py-spy, in the "
+              "`bench` extra, names the worker's model threads).", "",
+              *bench_queue.report(queue)]
     if peers is not None:
         lines += ["", *bench_peers.report(peers, header=True, machine=machine())]
     args.out.write_text("\n".join(lines) + "\n")

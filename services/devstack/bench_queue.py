@@ -623,6 +623,19 @@ def report_noop(r: dict) -> list[str]:
     return lines
 
 
+def run(n: int = 300, clients: int = 4, repeat: int = 3, monitor_jobs: int = 40,
+        model: bool = True) -> dict:
+    """The whole measurement on a stack of its own, with the in-process model run beside it
+    (`model`) for the queue-path figure."""
+    with local_stack() as s:
+        r = measure(s.base_url, s.redis_port, s.pids, n, clients, s.metrics_url,
+                    monitor_jobs=monitor_jobs, repeat=repeat)
+    if model:
+        r["model_ms_per_job"], r["model_batch"] = model_cpu_ms(clients, n)
+        r["model_ms_alone"], _ = model_cpu_ms(1, n)
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=300)
@@ -635,12 +648,7 @@ def main() -> None:
     ap.add_argument("--no-stack", action="store_true", help="only the Celery reference")
     args = ap.parse_args()
     if not args.no_stack:
-        with local_stack() as s:
-            r = measure(s.base_url, s.redis_port, s.pids, args.n, args.clients, s.metrics_url,
-                        monitor_jobs=args.monitor_jobs, repeat=args.repeat)
-        if not args.no_model:
-            r["model_ms_per_job"], r["model_batch"] = model_cpu_ms(args.clients, args.n)
-            r["model_ms_alone"], _ = model_cpu_ms(1, args.n)
+        r = run(args.n, args.clients, args.repeat, args.monitor_jobs, model=not args.no_model)
         print("\n".join(report(r)))
     if args.celery_noop or args.no_stack:
         print()
