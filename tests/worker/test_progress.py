@@ -186,4 +186,4 @@ async def test_decoded_rows_publish_texts_that_add_up(aredis, pipeline: CausalLM
             result.finish_reason, result.tokens, result.prompt_tokens)
     streamed = [d for d in got if d.index == 0]
     assert len(streamed) + 1 == reads  # every read made new text here; the last is the final
-    assert len([d for d in got if d.index == 1]) < len(streamed)
+    assert len([d for d in got if d.index == 1]) <= len(streamed)  # throttled, never more

@@ -189,9 +189,10 @@ def test_a_decode_step_reads_only_the_columns_its_rows_hold(
 ):
     # A row that joins late keeps decoding after the early one left: the shared column is
     # then far past the late row's first column, and the step reads only the late row's.
-    early = TextItem(prompt=PROMPTS[1], max_new_tokens=40)
-    late = TextItem(prompt=PROMPTS[5], max_new_tokens=60)
+    early = TextItem(prompt=PROMPTS[1], max_new_tokens=120)
+    late = TextItem(prompt=PROMPTS[5], max_new_tokens=150)
     reference = alone(pipeline, [early, late])
+    assert [r.tokens for r in reference] == [120, 150]  # no EOS: the scenario below holds
     decoder = pipeline.decoder
     reads = []  # (keys read, the shared column + 1, the most columns a row holds + 1)
     update = text_cache.SlotCache.update
@@ -207,11 +208,16 @@ def test_a_decode_step_reads_only_the_columns_its_rows_hold(
     engine = Engine(pipeline)
 
     async def scenario():
-        first = asyncio.ensure_future(engine.submit(early))
-        while not decoder.running or decoder.running[0].seq.tokens < 30:
-            await asyncio.sleep(0.001)
-        second = asyncio.ensure_future(engine.submit(late))
-        return [await first, await second]
+        joined = loop.loop.create_future()
+
+        def on_text(update) -> None:  # on the device thread: the late row joins mid-way
+            if update.tokens >= 24 and not joined.done():
+                loop.loop.call_soon_threadsafe(
+                    lambda: joined.done() or joined.set_result(
+                        asyncio.ensure_future(engine.submit(late))))
+
+        first = await engine.submit(early, on_text=on_text)
+        return [first, await (await joined)]
 
     assert loop.run(scenario()) == reference
     assert all(read == held for read, _, held in reads)
