@@ -4,7 +4,8 @@
 
 For each backend a stack of its own (Redis, API, one CPU worker serving tiny-sd), n one-image
 jobs (256x256, one step, so the PNG is as large as the model allows), then each output fetched
-n times with GET /v1/jobs/{id}/outputs/0, measured from the request to the last byte:
+once with GET /v1/jobs/{id}/outputs/0 (after one warm-up fetch), measured from the request to
+the last byte:
 
 - local: a folder the API and the worker share (a PersistentVolume in deploy/k8s);
 - s3: moto's S3 server on a free port, the API streaming the object through;
@@ -15,10 +16,10 @@ n times with GET /v1/jobs/{id}/outputs/0, measured from the request to the last 
 import argparse
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import httpx
@@ -26,6 +27,7 @@ import httpx
 from services.devstack.bench_engine import stack_env
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
+from services.devstack.s3_server import S3Server
 
 BACKENDS = {
     "local (shared folder), streamed by the API": {},
@@ -37,24 +39,13 @@ IMAGE = {"task": "image-generation", "model": "tiny-sd",
 
 
 @contextmanager
-def _moto():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+def _s3() -> Iterator[str]:
+    server = S3Server()
+    server.start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(url, timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "moto's server did not start"
-                time.sleep(0.1)
-        yield url
+        yield server.url
     finally:
-        proc.kill()
-        proc.wait()
+        server.kill()
 
 
 @contextmanager
@@ -87,30 +78,27 @@ def _fetch_times(base: str, n: int) -> dict:
             assert job["status"] == "succeeded", job
             ids.append(job["id"])
         http.get(f"/v1/jobs/{ids[0]}/outputs/0").raise_for_status()  # warm-up
-        xs, sizes, hops = [], set(), set()
+        xs, sizes, hops = [], [], []
         for job_id in ids:
             t0 = time.perf_counter()
             r = http.get(f"/v1/jobs/{job_id}/outputs/0")
             xs.append(time.perf_counter() - t0)
             r.raise_for_status()
             assert r.content[:8] == b"\x89PNG\r\n\x1a\n"
-            sizes.add(len(r.content))
-            hops.add(len(r.history))
+            sizes.append(len(r.content))
+            hops.append(len(r.history))
     xs.sort()
     return {"n": n, "median": statistics.median(xs), "p90": xs[int(0.9 * (n - 1))],
-            "bytes": statistics.median(sorted(sizes)), "redirects": max(hops)}
+            "bytes": statistics.median(sizes), "redirects": max(hops)}
 
 
 def run(n: int = 30) -> dict[str, dict]:
     out = {}
     for name, how in BACKENDS.items():
-        with tempfile.TemporaryDirectory() as tmp:
-            if how.get("s3"):
-                with _moto() as s3, _stack(Path(tmp), s3, how.get("redirect", False)) as base:
-                    out[name] = _fetch_times(base, n)
-            else:
-                with _stack(Path(tmp), None, False) as base:
-                    out[name] = _fetch_times(base, n)
+        with (tempfile.TemporaryDirectory() as tmp,
+              _s3() if how.get("s3") else nullcontext(None) as s3,
+              _stack(Path(tmp), s3, how.get("redirect", False)) as base):
+            out[name] = _fetch_times(base, n)
     return out
 
 

@@ -34,6 +34,7 @@ import redis
 
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
+from services.devstack.s3_server import S3Server
 
 WARMUP_SECONDS = 60.0
 DRAIN_SECONDS = 180.0
@@ -211,12 +212,11 @@ def main() -> None:
     procs: list[subprocess.Popen] = []
     s3 = None
     if args.backend == "s3":
-        s3_port = free_port()
-        s3 = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                               "-p", str(s3_port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+        server = S3Server()
+        server.start()
+        s3 = server.proc
         env |= {"FIBERMILL_BLOB_BACKEND": "s3", "FIBERMILL_S3_BUCKET": "soak",
-                "FIBERMILL_S3_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
+                "FIBERMILL_S3_ENDPOINT_URL": server.url,
                 "FIBERMILL_S3_CREATE_BUCKET": "true", **S3_KEYS}
     redis_proc = start_redis(redis_port, work / "redis", appendonly=False)
     logs = open(work / "stack.log", "w")  # noqa: SIM115 - closed below
