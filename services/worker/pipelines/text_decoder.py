@@ -281,7 +281,7 @@ class Decoder:
         cache.valid[slots] = False
         cache.valid[slots, cache.column - width:cache.column] = real
         cache.for_prefill(slots, width)
-        out = p.forward(ids, mask[:, None], positions, cache)
+        logits = p.forward(ids, mask[:, None], positions, cache)
         params = torch.tensor([params_of(r.row.item.temperature, r.row.item.top_k,
                                          r.row.item.top_p) for r in rows],
                               dtype=torch.float32).T
@@ -292,7 +292,7 @@ class Decoder:
                 draws = uniforms_of(r.row.item.seed, r.row.budget)
                 self.uniforms[n + i, :r.row.budget] = self._upload(draws)
         sampled = any(r.row.item.temperature > 0 for r in rows)
-        first = pick(out.logits[:, -1, :].float(), self.params[:, slots],
+        first = pick(logits.float(), self.params[:, slots],
                      self.uniforms[slots, 0], sampled)
         self.tokens[0, slots] = first
         self.next_ids[slots] = first
@@ -323,11 +323,11 @@ class Decoder:
         cache.valid[:n, cache.column] = True
         mask = cache.valid[:n, None, None, start:cache.column + 1]
         cache.for_decode(n, start)
-        out = p.forward(self.next_ids[:n, None], mask, self.positions[:n, None], cache)
+        logits = p.forward(self.next_ids[:n, None], mask, self.positions[:n, None], cache)
         cache.column += 1
         sampled = any(r.row.item.temperature > 0 for r in self.running)
         uniform = self.uniforms[:n].gather(1, self.made[:n, None])[:, 0] if sampled else None
-        nxt = pick(out.logits[:, -1, :].float(), self.params[:, :n], uniform, sampled)
+        nxt = pick(logits.float(), self.params[:, :n], uniform, sampled)
         self.tokens[step, :n] = nxt
         self.next_ids[:n] = nxt
         self.positions[:n] += 1
