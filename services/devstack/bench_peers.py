@@ -81,11 +81,14 @@ class Sizes:
     reps: int = 4  # at least this many timed batches (generate) or bursts (engine) of 32
     mixed: int = 128  # requests in the mixed-length workload
     warmup: int = 32  # untimed requests before each c=32 measurement
+    # Closed-loop loads and static mixed batching are run this many times, and the round with
+    # the median req/s is reported: a shared 2-core machine has slow moments.
+    rounds: int = 3
 
 
 FULL = Sizes()
 MIN_SECONDS = 3.0  # in process, batches are repeated for at least this long
-QUICK = Sizes(c1=5, c32=32, reps=1, mixed=32, warmup=8)
+QUICK = Sizes(c1=5, c32=32, reps=1, mixed=32, warmup=8, rounds=1)
 
 
 # Pure helpers ---------------------------------------------------------------------------------
@@ -128,6 +131,7 @@ class Load:
     seconds: float
     latencies: list[float]
     tokens: list[int | None] = field(default_factory=list)
+    rounds: list[float] = field(default_factory=list)  # req/s of every round, when rounds ran
 
     @property
     def n(self) -> int:
@@ -145,6 +149,17 @@ class Load:
     def mean_tokens(self) -> float | None:
         known = [t for t in self.tokens if t is not None]
         return statistics.fmean(known) if known else None
+
+
+def median_round(loads: Sequence[Load]) -> Load:
+    """The load with the median req/s (the lower middle of an even count), holding every
+    round's req/s in run order."""
+    if not loads:
+        raise ValueError("median of no rounds")
+    middle = sorted(loads, key=lambda load: load.rps)[(len(loads) - 1) // 2]
+    return Load(middle.seconds, middle.latencies, middle.tokens,
+                rounds=[load.rps for load in loads])
+
 
 
 # Registry and model files ---------------------------------------------------------------------
@@ -192,19 +207,21 @@ async def closed_loop(send: Callable[[int], Awaitable[int | None]], budgets: Seq
 
 
 def run_loads(make_send: Callable[[httpx.AsyncClient], Callable[[int], Awaitable[int | None]]],
-              base_url: str, plan: Sequence[tuple[str, Sequence[int], int, Sequence[int]]]
+              base_url: str, plan: Sequence[tuple[str, Sequence[int], int, Sequence[int], int]]
               ) -> dict[str, Load]:
-    """Run each (name, warm-up budgets, concurrency, budgets) in turn against one server."""
+    """Run each (name, warm-up budgets, concurrency, budgets, rounds) in turn against one
+    server; a load run in several rounds is reported by its median round."""
 
     async def main() -> dict[str, Load]:
         limits = httpx.Limits(max_connections=BATCH + 8, max_keepalive_connections=BATCH + 8)
         async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as http:
             send = make_send(http)
             out = {}
-            for name, warmup, concurrency, budgets in plan:
+            for name, warmup, concurrency, budgets, rounds in plan:
                 if warmup:
                     await closed_loop(send, warmup, concurrency)
-                out[name] = await closed_loop(send, budgets, concurrency)
+                loads = [await closed_loop(send, budgets, concurrency) for _ in range(rounds)]
+                out[name] = loads[0] if rounds == 1 else median_round(loads)
             return out
 
     return asyncio.run(main())
@@ -287,25 +304,31 @@ def median_load(times: list[float], tokens: list[int | None]) -> Load:
     return Load(median * len(times), [median] * (BATCH * len(times)), tokens)
 
 
-def measure_static_mixed(model_dir: Path, budgets: list[int]) -> tuple[Load, Load]:
+def measure_static_mixed(model_dir: Path, budgets: list[int], rounds: int = 1
+                         ) -> tuple[Load, Load]:
     """Static batching of the mixed workload with `generate`: batches of 32 in arrival order,
-    each run to its longest budget. A request's latency is its batch's time. Then each short
-    request alone (a batch of one)."""
+    each run to its longest budget (`rounds` times, the median round kept). A request's
+    latency is its batch's time. Then each short request alone (a batch of one)."""
     from services.devstack import hf_generate
 
     model, tokenizer = hf_generate.load(model_dir)
     hf_generate.generate(model, tokenizer, [PROMPT] * BATCH, [max(budgets)] * BATCH)  # warm-up
-    latencies = [0.0] * len(budgets)
-    tokens: list[int | None] = [None] * len(budgets)
-    t0 = time.perf_counter()
-    for batch in static_batches(budgets):
-        t = time.perf_counter()
-        out = hf_generate.generate(model, tokenizer, [PROMPT] * len(batch),
-                                   [budgets[i] for i in batch])
-        took = time.perf_counter() - t
-        for i, (_, n) in zip(batch, out, strict=True):
-            latencies[i], tokens[i] = took, n
-    load = Load(time.perf_counter() - t0, latencies, tokens)
+
+    def one_round() -> Load:
+        latencies = [0.0] * len(budgets)
+        tokens: list[int | None] = [None] * len(budgets)
+        t0 = time.perf_counter()
+        for batch in static_batches(budgets):
+            t = time.perf_counter()
+            out = hf_generate.generate(model, tokenizer, [PROMPT] * len(batch),
+                                       [budgets[i] for i in batch])
+            took = time.perf_counter() - t
+            for i, (_, n) in zip(batch, out, strict=True):
+                latencies[i], tokens[i] = took, n
+        return Load(time.perf_counter() - t0, latencies, tokens)
+
+    loads = [one_round() for _ in range(rounds)]
+    load = loads[0] if rounds == 1 else median_round(loads)
     alone_lat, alone_tok = [], []
     t0 = time.perf_counter()
     for b in (b for b in budgets if b <= SHORT):
@@ -477,7 +500,7 @@ def run(sizes: Sizes = FULL) -> dict:
                                                    case.new_tokens, sizes.reps)
         _log("mixed workload: static batching with generate")
         out[("mixed", "generate")], out[("mixed", "generate alone")] = isolated(
-            measure_static_mixed, big_dir, budgets)
+            measure_static_mixed, big_dir, budgets, sizes.rounds)
 
         if litserve_available():
             for case in CASES:
@@ -486,8 +509,9 @@ def run(sizes: Sizes = FULL) -> dict:
                 try:
                     with litserve_server(dirs[case.model], tmp) as base:
                         loads = run_loads(litserve_send, base, [
-                            ("c1", [n] * 3, 1, [n] * sizes.c1),
-                            ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32 * case.load),
+                            ("c1", [n] * 3, 1, [n] * sizes.c1, 1),
+                            ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32 * case.load,
+                             sizes.rounds),
                         ])
                     out[(case.model, "litserve c1")] = loads["c1"]
                     out[(case.model, "litserve c32")] = loads["c32"]
@@ -496,24 +520,25 @@ def run(sizes: Sizes = FULL) -> dict:
         else:
             out["errors"].append("LitServe is not installed (pip install -e '.[bench]')")
 
-        _log("Fibermill end to end")
-        with fibermill_stack(registry, [c.model for c in CASES], tmp) as base:
-            for case in CASES:
-                n = case.new_tokens
-                _log(f"{case.model}: Fibermill c=1, c=32")
-                loads = run_loads(fibermill_send(case.model), base, [
-                    ("c1", [n] * 3, 1, [n] * sizes.c1),
-                    ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32 * case.load),
-                ])
-                out[(case.model, "fibermill c1")] = loads["c1"]
-                out[(case.model, "fibermill c32")] = loads["c32"]
-            _log("mixed workload: Fibermill c=32, then the short requests alone")
-            plan = [("mixed", budgets[: sizes.warmup], BATCH, budgets)]
-            if shorts:
-                plan.append(("alone", shorts[:1], 1, shorts))
-            loads = run_loads(fibermill_send(BIG.model), base, plan)
-            out[("mixed", "fibermill")] = loads["mixed"]
-            out[("mixed", "fibermill alone")] = loads.get("alone")
+        # One stack per model, as LitServe serves one: a worker serving both would run two
+        # device threads, each with its own OpenMP team on the same two cores.
+        for case in CASES:
+            n = case.new_tokens
+            _log(f"{case.model}: Fibermill c=1, c=32")
+            with fibermill_stack(registry, [case.model], tmp) as base:
+                plan = [("c1", [n] * 3, 1, [n] * sizes.c1, 1),
+                        ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32 * case.load,
+                         sizes.rounds)]
+                if case is BIG:
+                    plan.append(("mixed", budgets[: sizes.warmup], BATCH, budgets, sizes.rounds))
+                    if shorts:
+                        plan.append(("alone", shorts[:1], 1, shorts, 1))
+                loads = run_loads(fibermill_send(case.model), base, plan)
+            out[(case.model, "fibermill c1")] = loads["c1"]
+            out[(case.model, "fibermill c32")] = loads["c32"]
+            if case is BIG:
+                out[("mixed", "fibermill")] = loads["mixed"]
+                out[("mixed", "fibermill alone")] = loads.get("alone")
     out["seconds"] = time.perf_counter() - t_start
     return out
 
@@ -523,10 +548,14 @@ def run(sizes: Sizes = FULL) -> dict:
 
 def _cells(load: Load | None) -> str:
     if load is None:
-        return "- | - | - | -"
+        return "- | - | - | - | -"
     tokens = load.mean_tokens
     return (f"{load.n} | {load.rps:.1f} | {load.p50 * 1000:.1f} | "
-            f"{'-' if tokens is None else f'{tokens:.0f}'}")
+            f"{'-' if tokens is None else f'{tokens:.0f}'} | {_rounds(load)}")
+
+
+def _rounds(load: Load) -> str:
+    return ", ".join(f"{x:.1f}" for x in load.rounds) if load.rounds else "-"
 
 
 def _short_p50(load: Load | None, budgets: Sequence[int]) -> float | None:
@@ -569,8 +598,8 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
             ("Fibermill end to end, c=32", "fibermill c32")]
     for case in CASES:
         lines += [f"{case.model}, {case.new_tokens} new tokens:", "",
-                  "| contender | requests | req/s | p50 (ms) | tokens/req |",
-                  "|---|---|---|---|---|"]
+                  "| contender | requests | req/s | p50 (ms) | tokens/req | rounds (req/s) |",
+                  "|---|---|---|---|---|---|"]
         for label, key in rows:
             lines.append(f"| {label} | {_cells(r.get((case.model, key)))} |")
         lines.append("")
@@ -609,26 +638,30 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
               "c=32 closed loop. Short alone: the same short requests one at a time (generate: a "
               "batch of one; Fibermill: c=1).", "",
               "| contender | req/s | useful tokens/s | short p50 under load (ms) | "
-              "short p50 alone (ms) | under load / alone |",
-              "|---|---|---|---|---|---|"]
+              "short p50 alone (ms) | under load / alone | rounds (req/s) |",
+              "|---|---|---|---|---|---|---|"]
     mixed_ratio = None
     for label, key in (("transformers `generate`, static batches of 32", "generate"),
                        ("Fibermill end to end, c=32", "fibermill")):
         load, alone = r.get(("mixed", key)), r.get(("mixed", f"{key} alone"))
         if load is None:
-            lines.append(f"| {label} | - | - | - | - | - |")
+            lines.append(f"| {label} | - | - | - | - | - | - |")
             continue
         under = _short_p50(load, budgets)
         alone_p50 = alone.p50 if alone is not None and alone.n else None
         lines.append(f"| {label} | {load.rps:.1f} | {sum(budgets) / load.seconds:.0f} | "
-                     f"{_ms(under)} | {_ms(alone_p50)} | {ratio(under, alone_p50)} |")
+                     f"{_ms(under)} | {_ms(alone_p50)} | {ratio(under, alone_p50)} | "
+                     f"{_rounds(load)} |")
     g, f = r.get(("mixed", "generate")), r.get(("mixed", "fibermill"))
     if g is not None and f is not None:
         mixed_ratio = ratio(f.rps, g.rps)
     lines += ["", f"Mixed-length throughput, Fibermill / static `generate`: {mixed_ratio or '-'}."]
     lines += ["", f"Requests per measurement: c=1 {sizes.c1}, c=32 {sizes.c32} x the model's "
               f"load factor ({', '.join(f'{c.model} {c.load}' for c in CASES)}; after "
-              f"{sizes.warmup} warm-up). In process: after one warm-up batch, batches of {BATCH} "
+              f"{sizes.warmup} warm-up); each c=32 load and the static mixed batching run "
+              f"{sizes.rounds} time(s), the round with the median req/s reported (its "
+              f"latencies too), Fibermill on a stack of its own per model. In process: after "
+              f"one warm-up batch, batches of {BATCH} "
               f"repeated at least {sizes.reps} times and for at least {MIN_SECONDS:g} s, each "
               f"counted at the median batch time, and each contender in a fresh interpreter of "
               f"its own. The peers section took {r.get('seconds', 0):.0f} s."]

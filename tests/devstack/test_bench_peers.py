@@ -59,6 +59,24 @@ def test_closed_loop_keeps_at_most_concurrency_in_flight():
     assert load.n == 20 and all(lat > 0 for lat in load.latencies)
 
 
+def test_median_round_is_the_middle_by_requests_per_second():
+    fast, slow, mid = (bp.Load(s, [s / 4] * 4) for s in (1.0, 4.0, 2.0))
+    load = bp.median_round([fast, slow, mid])
+    assert load.seconds == 2.0 and load.latencies == mid.latencies
+    assert load.rounds == [4.0, 1.0, 2.0]  # every round's req/s, in run order
+    assert bp.median_round([fast, slow]).seconds == 4.0  # the lower middle of two
+    with pytest.raises(ValueError):
+        bp.median_round([])
+
+
+def test_rounds_are_reported_beside_the_median():
+    load = bp.median_round([bp.Load(s, [0.1] * 4, [16] * 4) for s in (1.0, 2.0, 4.0)])
+    results = {"sizes": bp.FULL, "errors": [], "mixed_budgets": [8], "seconds": 1.0,
+               ("tiny-gpt2", "fibermill c32"): load}
+    text = "\n".join(bp.report(results))
+    assert "| Fibermill end to end, c=32 | 4 | 2.0 | 100.0 | 16 | 4.0, 2.0, 1.0 |" in text
+
+
 def test_registry_serves_both_models_at_batch_32(tmp_path):
     path = bp.write_registry(tmp_path / "registry.yaml", tmp_path / "big")
     registry = ModelRegistry.load(path)
@@ -77,9 +95,10 @@ def test_report_shows_missing_measurements_as_dashes():
                ("tiny-gpt2", "generate"): load, ("tiny-gpt2", "fibermill c32"): load,
                ("mixed", "fibermill"): bp.Load(1.0, [0.1, 0.5, 0.2, 0.4], budgets)}
     text = "\n".join(bp.report(results))
-    assert "| transformers `generate`, batches of 32, in process | 4 | 2.0 | 250.0 | 16 |" in text
-    assert "| LitServe, c=32 | - | - | - | - |" in text
+    generate = "| transformers `generate`, batches of 32, in process |"
+    assert f"{generate} 4 | 2.0 | 250.0 | 16 | - |" in text
+    assert "| LitServe, c=32 | - | - | - | - | - |" in text
     assert "| Fibermill c=32 / generate | 1.00x | - |" in text
     # short requests (8 and 16 new tokens) under load: 0.1 s and 0.2 s
-    assert "| Fibermill end to end, c=32 | 4.0 | 188 | 150.0 | - | - |" in text
+    assert "| Fibermill end to end, c=32 | 4.0 | 188 | 150.0 | - | - | - |" in text
     assert "Not measured: LitServe is not installed" in text
