@@ -40,6 +40,10 @@ class Settings(BaseSettings):
 
     # Workers
     cpu_workers: int = Field(1, ge=0)
+    # Intra-op threads of each CPU worker; unset, the host's cores are divided among the CPU
+    # workers. A small model's ops are too short to split across cores: where the API, Redis
+    # or other workers share the cores, one thread does more (docs/architecture.md).
+    cpu_threads: int | None = Field(None, ge=1)
     # Sub-requests one worker process holds at once (Celery threads, prefetch 1 each); unset, it
     # is twice the largest max_batch among the models it serves (a batch on the device, the
     # next one filling up), while the rest of the backlog stays in the queue for other workers.

@@ -114,9 +114,12 @@ def environment(settings: Settings, slot: Slot, name: str, n_slots: int) -> dict
         FIBERMILL_WORKER_NAME=name,
     )
     if slot.device == "cpu":
-        # CPU workers share the host's cores instead of each claiming all of them.
-        threads = max(1, (os.cpu_count() or 1) // max(1, n_slots))
-        env.setdefault("OMP_NUM_THREADS", str(threads))
+        if settings.cpu_threads is not None:
+            env["OMP_NUM_THREADS"] = str(settings.cpu_threads)
+        else:
+            # CPU workers share the host's cores instead of each claiming all of them.
+            threads = max(1, (os.cpu_count() or 1) // max(1, n_slots))
+            env.setdefault("OMP_NUM_THREADS", str(threads))
     return env
 
 

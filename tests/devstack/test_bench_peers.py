@@ -102,3 +102,11 @@ def test_report_shows_missing_measurements_as_dashes():
     # short requests (8 and 16 new tokens) under load: 0.1 s and 0.2 s
     assert "| Fibermill end to end, c=32 | 4.0 | 188 | 150.0 | - | - | - |" in text
     assert "Not measured: LitServe is not installed" in text
+
+
+def test_fastest_is_the_highest_requests_per_second():
+    slow, fast = bp.Load(4.0, [1.0] * 4), bp.Load(1.0, [0.25] * 4)
+    load = bp.fastest([slow, fast])
+    assert load.seconds == 1.0 and load.rounds == [1.0, 4.0]
+    with pytest.raises(ValueError):
+        bp.fastest([])

@@ -128,3 +128,16 @@ def test_one_slot_waiting_out_its_backoff_does_not_hold_up_another(settings, mon
     slots[1].restart_at = 0.0  # slot 1's second is up; slot 0 still waits
     launcher.supervise(get_settings(), slots)
     assert started == [1]
+
+
+def test_cpu_workers_divide_the_cores_unless_told_their_threads(settings, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 8)
+    cpu = launcher.Slot(0, "cpu", "")
+    env = launcher.environment(get_settings(), cpu, "w-cpu0", 2)
+    assert env["OMP_NUM_THREADS"] == "4" and env["FIBERMILL_DEVICE"] == "cpu"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # an operator's own setting is kept
+    assert launcher.environment(get_settings(), cpu, "w-cpu0", 2)["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("FIBERMILL_CPU_THREADS", "1")  # and the worker setting wins over it
+    get_settings.cache_clear()
+    assert launcher.environment(get_settings(), cpu, "w-cpu0", 2)["OMP_NUM_THREADS"] == "1"
