@@ -5,7 +5,7 @@ import asyncio
 from services.api.joiner import Joiner
 from shared import names
 from shared.job import JobError
-from shared.messages import SubResult
+from shared.messages import CompletionEntry, SubResult
 
 
 async def _job(store, total=3):
@@ -217,3 +217,37 @@ async def _read_more(joiner: Joiner) -> int:
     entries = [e for _s, batch in resp or [] for e in batch]
     await joiner._handle_batch(entries)
     return len(entries)
+
+
+async def test_different_jobs_are_joined_side_by_side_and_a_jobs_own_in_order(
+    store, aredis, settings, lifecycle
+):
+    for job, total in (("j1", 2), ("j2", 1)):
+        await store.create(job, "text-generation", "tiny-gpt2", {"prompts": ["a"] * total},
+                           total)
+    joiner = Joiner(aredis, lifecycle, settings, "api-1")
+    await joiner.ensure_group()
+    for job, index in (("j1", 0), ("j1", 1), ("j2", 0)):
+        await store.store_result(job, SubResult(
+            index=index, output={"text": "t", "finish_reason": "length", "tokens": 1}))
+    events = []
+    j2_started = asyncio.Event()
+    handle = joiner.handle
+
+    async def watched(fields):
+        entry = CompletionEntry.from_fields(fields)
+        events.append(("start", entry.job, entry.index))
+        if entry.job == "j2":
+            j2_started.set()
+        else:  # j1's entries come first in the stream: they finish only if j2's runs beside
+            await asyncio.wait_for(j2_started.wait(), 5)
+        await handle(fields)
+        events.append(("end", entry.job, entry.index))
+
+    joiner.handle = watched
+    await _drain(joiner)
+    assert [e for e in events if e[1] == "j1"] == [
+        ("start", "j1", 0), ("end", "j1", 0), ("start", "j1", 1), ("end", "j1", 1)]
+    assert ("end", "j2", 0) in events
+    assert (await store.get("j1")).status == "succeeded"
+    assert (await store.get("j2")).status == "succeeded"
