@@ -171,7 +171,6 @@ def median_round(loads: Sequence[Load]) -> Load:
                 rounds=[load.rps for load in loads])
 
 
-
 def fastest(loads: Sequence[Load]) -> Load:
     """The load with the highest req/s, holding every sitting's req/s in run order."""
     if not loads:
