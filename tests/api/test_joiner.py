@@ -87,7 +87,10 @@ async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, sett
     meta = JobMeta(webhook="https://hooks.example.com/x")
     for j in range(n_jobs):
         await store.create(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 2, meta)
-    joiners = [Joiner(aredis, lifecycle, settings, f"api-{i}") for i in range(2)]
+    # Both replicas stay alive: neither may take the other's entries. (The suite's claim idle
+    # of 50 ms would let a slow moment of a loaded machine count as a dead replica.)
+    alive = settings.model_copy(update={"joiner_claim_idle_seconds": 30.0})
+    joiners = [Joiner(aredis, lifecycle, alive, f"api-{i}") for i in range(2)]
     await joiners[0].ensure_group()
     before = metrics.JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")._value.get()
     tasks = [asyncio.create_task(j.run()) for j in joiners]
