@@ -163,20 +163,25 @@ class Load:
 
 def median_round(loads: Sequence[Load]) -> Load:
     """The load with the median req/s (the lower middle of an even count), holding every
-    round's req/s in run order."""
+    round's req/s in run order; a single round is returned as it is."""
     if not loads:
         raise ValueError("median of no rounds")
-    middle = sorted(loads, key=lambda load: load.rps)[(len(loads) - 1) // 2]
-    return Load(middle.seconds, middle.latencies, middle.tokens,
-                rounds=[load.rps for load in loads])
+    if len(loads) == 1:
+        return loads[0]
+    return _kept(sorted(loads, key=lambda load: load.rps)[(len(loads) - 1) // 2], loads)
 
 
 def fastest(loads: Sequence[Load]) -> Load:
     """The load with the highest req/s, holding every sitting's req/s in run order."""
     if not loads:
         raise ValueError("fastest of no loads")
-    best = max(loads, key=lambda load: load.rps)
-    return Load(best.seconds, best.latencies, best.tokens, rounds=[load.rps for load in loads])
+    return _kept(max(loads, key=lambda load: load.rps), loads)
+
+
+def _kept(chosen: Load, loads: Sequence[Load]) -> Load:
+    """`chosen`, holding the req/s of every one of `loads`."""
+    return Load(chosen.seconds, chosen.latencies, chosen.tokens,
+                rounds=[load.rps for load in loads])
 
 
 # Registry and model files ---------------------------------------------------------------------
@@ -239,7 +244,7 @@ def run_loads(make_send: Callable[[aiohttp.ClientSession], Callable[[int], Await
                 if warmup:
                     await closed_loop(send, warmup, concurrency)
                 loads = [await closed_loop(send, budgets, concurrency) for _ in range(rounds)]
-                out[name] = loads[0] if rounds == 1 else median_round(loads)
+                out[name] = median_round(loads)
             return out
 
     return asyncio.run(main())
@@ -348,7 +353,7 @@ def measure_static_mixed(model_dir: Path, budgets: list[int], rounds: int = 1
         return Load(time.perf_counter() - t0, latencies, tokens)
 
     loads = [one_round() for _ in range(rounds)]
-    load = loads[0] if rounds == 1 else median_round(loads)
+    load = median_round(loads)
     alone_lat, alone_tok = [], []
     t0 = time.perf_counter()
     for b in (b for b in budgets if b <= SHORT):

@@ -65,6 +65,7 @@ def test_median_round_is_the_middle_by_requests_per_second():
     assert load.seconds == 2.0 and load.latencies == mid.latencies
     assert load.rounds == [4.0, 1.0, 2.0]  # every round's req/s, in run order
     assert bp.median_round([fast, slow]).seconds == 4.0  # the lower middle of two
+    assert bp.median_round([fast]) is fast  # one round: as it is, no rounds to show
     with pytest.raises(ValueError):
         bp.median_round([])
 

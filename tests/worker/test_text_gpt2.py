@@ -37,11 +37,12 @@ def pipeline(request, model_dir: Path) -> CausalLMTextPipeline:
 
 
 def _library(pipe: CausalLMTextPipeline, ids, mask, positions, cache) -> torch.Tensor:
-    """The same forward through the model's own `forward`."""
-    additive = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
-    out = pipe.model(input_ids=ids, attention_mask=additive, position_ids=positions,
-                     cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1, :]
+    """The pipeline's own forward with the lean path off: the model's `forward`."""
+    lean, pipe.lean = pipe.lean, None
+    try:
+        return pipe.forward(ids, mask, positions, cache)
+    finally:
+        pipe.lean = lean
 
 
 def test_a_gpt2_runs_the_lean_forward(pipeline: CausalLMTextPipeline) -> None:
@@ -66,8 +67,7 @@ def test_prefill_and_decode_logits_are_the_models_bit_for_bit(
         cache.column = width
         cache.valid[:, :width] = real
         cache.for_prefill(slice(0, rows), width)
-    additive = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
-    lean = pipeline.lean(ids, additive, positions, lean_cache)
+    lean = pipeline.forward(ids, mask, positions, lean_cache)
     lib = _library(pipeline, ids, mask, positions, lib_cache)
     assert torch.equal(lean, lib)
     nxt, pos = lean.argmax(-1), positions[:, -1] + 1
@@ -76,9 +76,7 @@ def test_prefill_and_decode_logits_are_the_models_bit_for_bit(
             cache.valid[:, cache.column] = True
             cache.for_decode(rows)
         step_mask = lean_cache.valid[:, None, None, :lean_cache.column + 1]
-        additive = torch.zeros(step_mask.shape).masked_fill_(~step_mask,
-                                                             torch.finfo(torch.float32).min)
-        lean = pipeline.lean(nxt[:, None], additive, pos[:, None], lean_cache)
+        lean = pipeline.forward(nxt[:, None], step_mask, pos[:, None], lean_cache)
         lib = _library(pipeline, nxt[:, None], step_mask, pos[:, None], lib_cache)
         assert torch.equal(lean, lib)
         for cache in (lean_cache, lib_cache):
