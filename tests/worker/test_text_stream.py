@@ -87,6 +87,8 @@ def test_publishable_drops_an_incomplete_character_and_the_holdback():
     assert publishable("naïve " + INCOMPLETE, 0) == "naïve "
     assert publishable("abcdef" + INCOMPLETE, 2) == "abcd"
     assert publishable("ab", 3) == ""
+    # a replacement character the holdback cut leaves last waits for the next chunk
+    assert publishable("ab" + INCOMPLETE + "cdef", 4) == "ab"
 
 
 @pytest.mark.parametrize("stop", [[], ["😀"], [" ok", "z"]])

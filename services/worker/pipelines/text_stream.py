@@ -22,9 +22,11 @@ def holdback(stops: list[str]) -> int:
 
 
 def publishable(text: str, held: int) -> str:
-    """The part of a decoding row's text that later tokens cannot change."""
+    """The part of a decoding row's text that later tokens cannot change. A replacement
+    character that the holdback leaves at the end is kept back too: it is final there (more
+    text follows it), but a client cannot tell it from one still waiting for its bytes."""
     text = text.rstrip(INCOMPLETE)
-    return text[:max(0, len(text) - held)]
+    return text[:max(0, len(text) - held)].rstrip(INCOMPLETE)
 
 
 @dataclass(frozen=True)
