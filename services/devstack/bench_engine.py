@@ -5,11 +5,15 @@ Each figure is a ratio of two measurements taken in the same run on the same mac
   burst with batching off (`FIBERMILL_BATCHING=false`: every sub-request a batch of one);
 - the end-to-end throughput over the same burst run in-process through the same engine (batcher
   and operator graph), without HTTP, Redis or Celery: what the queue costs;
+  every throughput is the median of `ROUNDS` bursts after a warm-up one; in process, each model
+  is measured in a fresh interpreter (`isolated` says why), with one intra-op
+  thread and with every core, the faster kept: the limit the stack is held to;
 - after warm-up, p99/p50 text job latency and ad-hoc image buffer leases (goal 0) under
   steady load.
 """
 
 import asyncio
+import statistics
 import subprocess
 import tempfile
 import time
@@ -20,10 +24,19 @@ from pathlib import Path
 
 import httpx
 
+from services.devstack.isolated import isolated
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 
 FINAL = {"succeeded", "failed", "canceled"}
+ROUNDS = 3  # timed bursts per figure, after a warm-up one; the median is reported
+MIN_SECONDS = 3.0  # in process, bursts are repeated for at least this long
+# Intra-op threads of the stack's worker, per model (None: every core). tiny-gpt2's and
+# tiny-sd's ops are too short to split while the API, Redis and the load generator share the
+# two cores: one thread served tiny-sd bursts faster (86 against 46-52 jobs/s), as it did
+# tiny-gpt2 (bench_peers.Case.threads); digits' batches of 16 are worth both cores (9.1-10.2
+# against 7.5). Models with the same setting share a stack.
+STACK_THREADS = {"tiny-gpt2": 1, "tiny-sd": 1, "digits": None}
 
 
 def stack_env(redis_port: int, metrics_port: int, models: str, batching: bool) -> dict[str, str]:
@@ -38,12 +51,14 @@ def stack_env(redis_port: int, metrics_port: int, models: str, batching: bool) -
 
 
 @contextmanager
-def stack(models: str, batching: bool):
-    """A local stack (Redis, API, one CPU worker serving `models`); yields (http, metrics url)."""
+def stack(models: str, batching: bool, threads: int | None = None):
+    """A local stack (Redis, API, one CPU worker serving `models` with `threads` intra-op
+    threads, None: every core); yields (http, metrics url)."""
     with tempfile.TemporaryDirectory() as tmp:
         rport, port, mport = free_port(), free_port(), free_port()
         redis_proc = start_redis(rport, Path(tmp), appendonly=False)
-        env = stack_env(rport, mport, models, batching)
+        env = {**stack_env(rport, mport, models, batching),
+               **({} if threads is None else {"FIBERMILL_CPU_THREADS": str(threads)})}
         workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         api = start_api(port, env)
         try:
@@ -76,35 +91,53 @@ async def _run_job_async(http: httpx.AsyncClient, body: dict) -> None:
 
 
 def burst(http: httpx.Client, body: dict, n: int) -> float:
-    """Jobs per second for `n` jobs submitted at once (after one warm-up burst), from one
-    asyncio client, so the client takes little of the CPU the stack runs on."""
+    """Jobs per second for `n` jobs submitted at once, the median of ROUNDS bursts after a
+    warm-up one, from one asyncio client, so the client takes little of the CPU the stack runs
+    on."""
 
-    async def main() -> float:
+    async def main() -> list[float]:
         limits = httpx.Limits(max_connections=n)
         async with httpx.AsyncClient(base_url=http.base_url, timeout=120, limits=limits) as ac:
             await asyncio.gather(*(_run_job_async(ac, body) for _ in range(n)))
-            t0 = time.perf_counter()
-            await asyncio.gather(*(_run_job_async(ac, body) for _ in range(n)))
-            return time.perf_counter() - t0
+            times = []
+            for _ in range(ROUNDS):
+                t0 = time.perf_counter()
+                await asyncio.gather(*(_run_job_async(ac, body) for _ in range(n)))
+                times.append(time.perf_counter() - t0)
+            return times
 
-    return n / asyncio.run(main())
+    return n / statistics.median(asyncio.run(main()))
 
 
-def in_process(model: str, item, n: int) -> tuple[float, dict]:
-    """Jobs per second for `n` items submitted at once to an in-process engine."""
+def in_process(model: str, item, n: int) -> tuple[float, int | None]:
+    """Jobs per second for `n` items submitted at once to the engine in process, and the
+    intra-op threads that gave it: the faster of one and every core (None), each in a fresh
+    interpreter."""
+    rates = {threads: isolated(_in_process, model, item, n, threads) for threads in (1, None)}
+    best = max(rates, key=lambda threads: rates[threads])
+    return rates[best], best
+
+
+def _in_process(model: str, item, n: int, threads: int | None) -> float:
+    """The median of bursts of `n` items (at least ROUNDS of them and MIN_SECONDS' worth)
+    after three warm-up bursts: the first bursts of a model are slower while the allocator
+    and the kernels' caches fill."""
+    import torch
+
     from services.worker.engine.engine import Engine
     from services.worker.pipelines.factory import build_pipeline
     from services.worker.runtime import pick_device
     from shared.registry import load_registry
     from shared.settings import get_settings
 
+    if threads is not None:
+        torch.set_num_threads(threads)
     settings = get_settings()
     spec = load_registry(settings.model_registry).get(model)
     pipeline = build_pipeline(spec, pick_device(settings))
     pipeline.setup()
-    engine = Engine(pipeline)
 
-    async def once() -> float:
+    async def once(engine: Engine) -> float:
         with ExitStack() as stack:
             # Announced together, as the worker announces the sub-requests it has taken.
             arrivals = [stack.enter_context(engine.arrival()) for _ in range(n)]
@@ -113,10 +146,21 @@ def in_process(model: str, item, n: int) -> tuple[float, dict]:
             return time.perf_counter() - t0
 
     async def main() -> float:
-        await once()
-        return await once()
+        engine = Engine(pipeline)
+        for _ in range(3):
+            await once(engine)
+        times: list[float] = []
+        t_start = time.perf_counter()
+        while len(times) < ROUNDS or time.perf_counter() - t_start < MIN_SECONDS:
+            times.append(await once(engine))
+        return n / statistics.median(times)
 
-    return n / asyncio.run(main()), {"max_batch": spec.max_batch}
+    try:
+        return asyncio.run(main())
+    finally:
+        executor = getattr(pipeline, "device_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=True)
 
 
 def scrape(url: str) -> str:
@@ -184,21 +228,27 @@ def run(n: int = 32, steady_jobs: int = 600) -> dict:
     }
     only_on = {"digits"}
     out: dict = {"n": n}
-    models = ",".join(model for model, _, _ in cases.values())
+    groups: dict[int | None, list[str]] = {}
+    for name, (model, _, _) in cases.items():
+        groups.setdefault(STACK_THREADS[model], []).append(name)
     for batching in (False, True):
-        with stack(models, batching) as (http, metrics_url):
-            for name, (model, body, _) in cases.items():
-                if name in only_on and not batching:
-                    continue
-                before = scrape(metrics_url)
-                out[(name, batching)] = burst(http, body, n)
-                after = scrape(metrics_url)
-                out[(name, batching, "batch")] = mean_batch(before, after, model)
-            if batching:
-                out["steady"] = steady_load(http, metrics_url, cases["text"][1],
-                                            cases["image"][1], steady_jobs)
+        for threads, names in groups.items():
+            here = [x for x in names if batching or x not in only_on]
+            if not here:
+                continue
+            models = ",".join(cases[x][0] for x in here)
+            with stack(models, batching, threads) as (http, metrics_url):
+                for name in here:
+                    model, body, _ = cases[name]
+                    before = scrape(metrics_url)
+                    out[(name, batching)] = burst(http, body, n)
+                    after = scrape(metrics_url)
+                    out[(name, batching, "batch")] = mean_batch(before, after, model)
+                if batching and "text" in here and "image" in here:
+                    out["steady"] = steady_load(http, metrics_url, cases["text"][1],
+                                                cases["image"][1], steady_jobs)
     for name, (model, _, item) in cases.items():
-        out[(name, "in-process")], _ = in_process(model, item, n)
+        out[(name, "in-process")], out[(name, "in-process threads")] = in_process(model, item, n)
     return out
 
 
@@ -222,31 +272,40 @@ def steady_load(http: httpx.Client, metrics_url: str, text: dict, image: dict,
             "adhoc": leases("adhoc"), "pooled": leases("pooled")}
 
 
+def _threads(threads: int | None) -> str:
+    return "every core" if threads is None else f"{threads}"
+
+
 def report(r: dict) -> list[str]:
     n = r["n"]
     lines = [
         f"Engine, {n} one-prompt jobs submitted at once (jobs/s; ratios from the same run):", "",
-        "| model | batching off | batching on | mean batch | on / off | in-process "
-        "| end to end / in-process |",
-        "|---|---|---|---|---|---|---|",
+        "| model | stack threads | batching off | batching on | mean batch | on / off "
+        "| in-process (threads) | end to end / in-process |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, label in (("text", "tiny-gpt2, 16 new tokens"),
-                        ("image", "tiny-sd, 64x64, 4 steps"),
-                        ("digits", "digits, 16x16, 50 steps")):
+    for name, model, label in (("text", "tiny-gpt2", "tiny-gpt2, 16 new tokens"),
+                               ("image", "tiny-sd", "tiny-sd, 64x64, 4 steps"),
+                               ("digits", "digits", "digits, 16x16, 50 steps")):
         on, inproc = r[(name, True)], r[(name, "in-process")]
         off = r.get((name, False))
         off_cells = f"{off:.1f}" if off else "-"
         ratio = f"{on / off:.2f}x" if off else "-"
-        lines.append(f"| {label} | {off_cells} | {on:.1f} | {r[(name, True, 'batch')]:.1f} | "
-                     f"{ratio} | {inproc:.1f} | {on / inproc:.2f}x |")
+        lines.append(f"| {label} | {_threads(STACK_THREADS[model])} | {off_cells} | {on:.1f} | "
+                     f"{r[(name, True, 'batch')]:.1f} | {ratio} | {inproc:.1f} "
+                     f"({_threads(r[(name, 'in-process threads')])}) | {on / inproc:.2f}x |")
     lines += [
         "",
         "For text, batching off means one cache slot (every sub-request decoded alone) and the",
         "mean batch is the rows prefilled together; they then decode continuously beside others.",
         "In-process is the same engine (batcher or decoder, pools) fed directly: no HTTP,",
-        "Redis or Celery. End to end, the API, Redis, the load generator and the model share",
-        "the machine's cores; with a model this small the per-job cost of the queue path",
-        "(HTTP, Celery publish, leases, results, joining) is what the ratio measures.",
+        "Redis or Celery; each model in a fresh interpreter, after three warm-up bursts, with",
+        "one intra-op thread and with every core, the faster kept. End to end, the API, Redis,",
+        "the load generator and the model share the machine's cores (the stack's threads per",
+        "model: STACK_THREADS says why); with a model this small the per-job cost of the queue",
+        "path (HTTP, Celery publish, leases, results, joining) is what the ratio measures.",
+        f"Every figure is the median of {ROUNDS} bursts (in process: at least {ROUNDS} and",
+        f"{MIN_SECONDS:g} s' worth) after a warm-up burst.",
     ]
     s = r["steady"]
     lines += ["", f"Steady load from {s['clients']} clients, after warm-up: latency of "

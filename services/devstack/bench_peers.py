@@ -29,9 +29,7 @@ never side by side.
 
 import argparse
 import asyncio
-import concurrent.futures
 import importlib.util
-import multiprocessing
 import os
 import random
 import signal
@@ -52,6 +50,7 @@ import yaml
 
 from services.devstack import gpt2_6x256
 from services.devstack.bench_engine import stack_env
+from services.devstack.isolated import isolated
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 from shared.settings import REPO_ROOT
@@ -282,16 +281,6 @@ def litserve_send(http: aiohttp.ClientSession):
 
 
 # In process -----------------------------------------------------------------------------------
-
-
-def isolated(measure, *args):
-    """Run an in-process measurement in a fresh interpreter of its own. In one process, each
-    thread that has run torch keeps its own OpenMP team, spinning for a while after its last
-    op: a contender measured on another thread after `generate` (the engine runs on its
-    device thread) loses up to a third of its speed to the first one's idle team."""
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-        return pool.submit(measure, *args).result()
 
 
 def measure_generate(model_dir: Path, new_tokens: int, reps: int) -> Load:
