@@ -25,6 +25,7 @@ from shared.messages import (
     SubRequest,
     SubResult,
 )
+from shared.token_bucket import TokenBucket
 
 # A deadline or a dispatch the janitor took but did not finish with is due again this much later.
 RETRY_CLAIM_SECONDS = 30.0
@@ -100,12 +101,15 @@ class JobStore:
     async def create(
         self, job_id: str, task: str, model: str, input: dict[str, Any], total: int,
         meta: JobMeta | None = None, enqueue: Enqueue | None = None,
+        bucket: TokenBucket | None = None,
     ) -> JobRecord:
         """Store a new job and put its sub-requests in the model's backlog, in one step.
 
         With `enqueue`, its sub-request messages go onto the queue in that same step. Without,
         the caller sends them and then calls `mark_dispatched`; until then the job is marked as
         being dispatched, so that if the caller dies half-way the janitor sends the rest.
+        With `bucket`, the job first takes a token from it; with none left, nothing is stored
+        and RateLimited says how long until one is back.
         Called again with the same id (a retry after a lost reply), it stores and sends nothing
         and returns the job as stored."""
         meta = meta or JobMeta()
@@ -127,16 +131,20 @@ class JobStore:
         created = await self._create(
             keys=[names.job_key(job_id), names.backlog_key(model),
                   names.jobs_index_key(meta.owner), names.DEADLINES, names.DISPATCHING,
-                  enqueue.queue if enqueue else names.DISPATCHING],
-            args=[job_id, "", total,
+                  enqueue.queue if enqueue else names.DISPATCHING,
+                  bucket.key if bucket else names.DISPATCHING],
+            args=[job_id, f"{bucket.rate!r} {bucket.burst}" if bucket else "", total,
                   repr(meta.deadline_seconds) if meta.deadline_seconds is not None else "",
                   JOBS_INDEX_SIZE if trim else "", "1" if enqueue else "0", len(fields),
                   *fields,
                   *(enqueue.messages if enqueue else ())],
         )
+        created = float(created)
+        if created < 0:
+            raise bucket.refusal(-created)
         if created == 0:
             return await self.get(job_id)
-        return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, float(created),
+        return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, created,
                          meta=meta)
 
     async def recent(self, owner: str | None, limit: int) -> list[JobRecord]:

@@ -19,21 +19,51 @@ local function now_seconds()
 end
 """
 
+# A token bucket (rate limits): takes `cost` tokens from the bucket at `key` at time `now` (the
+# Redis server's, so replicas with skewed clocks share one bucket fairly), and returns 0, or the
+# seconds until they could be taken (then nothing is taken).
+_TAKE_TOKENS = """
+local function take_tokens(key, now, rate, burst, cost)
+  local state = redis.call('HMGET', key, 'tokens', 'at')
+  local tokens = tonumber(state[1]) or burst
+  local at = tonumber(state[2]) or now
+  tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+  local wait = 0
+  if tokens >= cost then
+    tokens = tokens - cost
+  else
+    wait = (cost - tokens) / rate
+  end
+  redis.call('HSET', key, 'tokens', tokens, 'at', now)
+  -- Once full again the bucket is the same as no bucket; let it go.
+  redis.call('PEXPIRE', key, math.ceil((burst - tokens) / rate * 1000) + 1000)
+  return wait
+end
+"""
+
 # KEYS: job, the model's backlog, the owner's jobs index, deadlines, dispatching, the queue's
-# priority list.
-# ARGV: job id, (unused), total, deadline in seconds from now ('' for none), index size to trim
-# to ('' not this time), '1' when the messages follow ('0': the caller sends them itself), the
-# number n of hash field/value items that follow, the n items, then the job's sub-request
-# messages.
+# priority list, the caller's rate-limit bucket.
+# ARGV: job id, the bucket's 'rate burst' (tokens per second; '' for no limit), total, deadline
+# in seconds from now ('' for none), index size to trim to ('' not this time), '1' when the
+# messages follow ('0': the caller sends them itself), the number n of hash field/value items
+# that follow, the n items, then the job's sub-request messages.
 # Stores a job and puts its sub-requests in the model's backlog (scored with the time they were
 # sent) and, in the same step, either pushes its sub-request messages onto the queue (kombu's
 # list for the job's priority), so that a job is never stored half-sent, or, when the caller
-# sends them itself, marks the job as being dispatched for the janitor. Returns the time it was
-# created, or 0 when the job exists already (a retried call stores and sends nothing twice).
-CREATE_JOB = _NOW + """
+# sends them itself, marks the job as being dispatched for the janitor. With a bucket, the job
+# first takes a token from it (the rate limit costs no round trip of its own). Returns the time
+# it was created; 0 when the job exists already (a retried call stores, sends and takes
+# nothing twice); with no token left, the seconds until one is back, negated, and nothing is
+# stored.
+CREATE_JOB = _NOW + _TAKE_TOKENS + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local n = tonumber(ARGV[7])
 local now, job = now_seconds(), ARGV[1]
+if ARGV[2] ~= '' then
+  local rate, burst = string.match(ARGV[2], '(%S+) (%S+)')
+  local wait = take_tokens(KEYS[7], now, tonumber(rate), tonumber(burst), 1)
+  if wait > 0 then return string.format('-%.6f', wait) end
+end
 redis.call('HSET', KEYS[1], 'created_at', tostring(now), unpack(ARGV, 8, 7 + n))
 local members = {}
 for i = 0, tonumber(ARGV[3]) - 1 do
@@ -370,32 +400,6 @@ return 1
 """
 
 # Rate limiting (services/api/ratelimit.py) ----------------------------------------------------
-
-# KEYS: bucket. ARGV: tokens per second, burst, cost.
-# Returns '0' when the cost was taken, else the seconds until it could be (as a string: Lua
-# numbers come back from Redis truncated to integers).
-# Time is the Redis server's, so replicas with skewed clocks still share one bucket fairly.
-TOKEN_BUCKET = """
-local rate = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or burst
-local at = tonumber(state[2]) or now
-tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
-local wait = 0
-if tokens >= cost then
-  tokens = tokens - cost
-else
-  wait = (cost - tokens) / rate
-end
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'at', now)
--- Once full again the bucket is the same as no bucket; let it go.
-redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
-return string.format('%.6f', wait)
-"""
 
 # KEYS: key. ARGV: expected value, new value ('' to delete).
 # Changes a value only if it is still the one the caller read (Idempotency-Key claims: a request

@@ -67,7 +67,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     s.blobs = blobs
     s.submissions = Submissions(redis, store, registry, dispatcher, settings)
     s.outbox, s.lifecycle = outbox, lifecycle
-    s.limiter = RateLimiter(redis, settings)
+    s.limiter = RateLimiter(settings)
     s.hub = hub
     s.watchers = Watchers(settings.max_watches, settings.max_watches_per_caller)
     s.joiner = Joiner(redis, lifecycle, settings, consumer)

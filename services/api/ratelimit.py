@@ -1,14 +1,14 @@
-"""Job submissions per API key: a token bucket in Redis, shared by every API replica."""
+"""Job submissions per API key: a token bucket in Redis, shared by every API replica.
 
-import math
-
-from redis.asyncio import Redis
+A submission takes its token in the step that stores its job (`JobStore.create`), so the limit
+costs no round trip of its own, and a request refused for another reason (invalid, an overfull
+queue, an Idempotency-Key replay) takes none.
+"""
 
 from services.api.auth import Principal
-from shared.errors import RateLimited
-from shared.lua import TOKEN_BUCKET
 from shared.names import ratelimit_key
 from shared.settings import Settings
+from shared.token_bucket import TokenBucket
 
 
 def bucket_key(principal: Principal) -> str:
@@ -22,23 +22,10 @@ def bucket_key(principal: Principal) -> str:
 
 
 class RateLimiter:
-    def __init__(self, redis: Redis, settings: Settings) -> None:
-        self.redis, self.settings = redis, settings
-        self._take = redis.register_script(TOKEN_BUCKET)
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
 
-    async def check(self, principal: Principal) -> None:
-        """Take one submission from the caller's bucket, or raise RateLimited."""
-        rate = self.settings.rate_limit_per_minute / 60.0
-        wait = float(
-            await self._take(
-                keys=[bucket_key(principal)], args=[rate, self.settings.rate_limit_burst, 1]
-            )
-        )
-        if wait > 0:
-            retry_after = max(1, math.ceil(wait))
-            raise RateLimited(
-                f"rate limit of {self.settings.rate_limit_per_minute:g} job submissions per "
-                f"minute (burst {self.settings.rate_limit_burst}) reached; retry in "
-                f"{retry_after}s",
-                retry_after=retry_after,
-            )
+    def bucket(self, principal: Principal) -> TokenBucket:
+        """The caller's bucket, for `Submissions.submit` to take its token from."""
+        return TokenBucket(bucket_key(principal), self.settings.rate_limit_per_minute / 60.0,
+                           self.settings.rate_limit_burst)

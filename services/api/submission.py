@@ -17,6 +17,7 @@ from shared.job_ids import new_job_id
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry, ModelSpec
 from shared.settings import Settings
+from shared.token_bucket import TokenBucket
 
 
 @dataclass
@@ -47,9 +48,12 @@ class Submissions:
     async def submit(
         self, req: JobRequest, principal: Principal, idempotency_key: str | None,
         base_url: str | None = None, job_id: str | None = None,
+        bucket: TokenBucket | None = None,
     ) -> Submitted:
         """`job_id`, when given, is the new job's id (from `new_job_id()`): a caller that
-        listens to the job's events subscribes before the job exists, and misses none."""
+        listens to the job's events subscribes before the job exists, and misses none.
+        `bucket`, when given, is the caller's rate limit: the new job takes a token from it as
+        it is stored, or RateLimited is raised and nothing is stored."""
         spec, inp = await self._check(req, idempotency_key)
         # Of the body as sent (its task filled in, so leaving it out means the same), before a
         # seed is chosen; only an Idempotency-Key needs it.
@@ -72,7 +76,7 @@ class Submissions:
                            owner=principal.key_id, idempotency_key=idempotency_key,
                            base_url=base_url)
             rec = await self.store.create(probe.id, probe.task, probe.model, probe.input,
-                                          len(subs), meta, enqueue)
+                                          len(subs), meta, enqueue, bucket)
         # Counted once the job exists (it will reach a final status and be counted finished):
         # an Idempotency-Key replay is not a new job.
         metrics.JOBS_SUBMITTED.labels(spec.task, spec.name).inc()

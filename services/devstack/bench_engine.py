@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from services.devstack.isolated import isolated
@@ -82,22 +83,26 @@ def run_job(http: httpx.Client, body: dict) -> float:
     return time.perf_counter() - t0
 
 
-async def _run_job_async(http: httpx.AsyncClient, body: dict) -> None:
-    job = (await http.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"})).json()
+async def _run_job_async(http: aiohttp.ClientSession, body: dict) -> None:
+    async with http.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"}) as r:
+        job = await r.json()
     while job["status"] not in FINAL:
         await asyncio.sleep(0.05)
-        job = (await http.get(f"/v1/jobs/{job['id']}")).json()
+        async with http.get(f"/v1/jobs/{job['id']}") as r:
+            job = await r.json()
     assert job["status"] == "succeeded", job
 
 
 def burst(http: httpx.Client, body: dict, n: int) -> float:
     """Jobs per second for `n` jobs submitted at once, the median of ROUNDS bursts after a
-    warm-up one, from one asyncio client, so the client takes little of the CPU the stack runs
-    on."""
+    warm-up one, from one asyncio client on aiohttp, which takes less of the CPU the stack
+    runs on than httpx does (bench_peers measures its loads the same way)."""
 
     async def main() -> list[float]:
-        limits = httpx.Limits(max_connections=n)
-        async with httpx.AsyncClient(base_url=http.base_url, timeout=120, limits=limits) as ac:
+        connector = aiohttp.TCPConnector(limit=n)
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(str(http.base_url), connector=connector,
+                                         timeout=timeout) as ac:
             await asyncio.gather(*(_run_job_async(ac, body) for _ in range(n)))
             times = []
             for _ in range(ROUNDS):

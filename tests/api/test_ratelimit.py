@@ -11,6 +11,7 @@ from services.api.ratelimit import RateLimiter, bucket_key
 from shared.errors import RateLimited
 from shared.queue_depth import queue_depth
 from shared.settings import Settings, get_settings
+from shared.token_bucket import TokenBucket
 
 TEXT = {"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": ["hi"]}}
 
@@ -50,30 +51,58 @@ def test_reading_jobs_is_not_rate_limited(client):
     assert got.status_code == 200
 
 
-async def test_bucket_refills_at_the_rate(aredis):
-    limiter = RateLimiter(aredis, Settings(rate_limit_per_minute=600, rate_limit_burst=2))
-    who = Principal("abc")
-    await limiter.check(who)
-    await limiter.check(who)
+def _create(store, job_id: str, bucket: TokenBucket):
+    return store.create(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
+                        bucket=bucket)
+
+
+async def test_bucket_refills_at_the_rate(store, aredis):
+    limiter = RateLimiter(Settings(rate_limit_per_minute=600, rate_limit_burst=2))
+    who = limiter.bucket(Principal("abc"))
+    await _create(store, "j1", who)
+    await _create(store, "j2", who)
     with pytest.raises(RateLimited) as err:
-        await limiter.check(who)
+        await _create(store, "j3", who)
     assert err.value.retry_after == 1  # 0.1 s to the next token, rounded up to a whole second
+    assert not await aredis.exists("fm:job:j3")  # refused: nothing stored
     await asyncio.sleep(0.15)  # 10 tokens a second: one is back
-    await limiter.check(who)
+    await _create(store, "j3", who)
     with pytest.raises(RateLimited):
-        await limiter.check(who)
+        await _create(store, "j4", who)
     # The bucket goes away once it would be full again.
-    ttl_ms = await aredis.pttl(bucket_key(who))
+    ttl_ms = await aredis.pttl(who.key)
     assert 0 < ttl_ms <= 1300
 
 
-async def test_retry_after_is_the_time_to_one_token(aredis):
-    limiter = RateLimiter(aredis, Settings(rate_limit_per_minute=2, rate_limit_burst=1))
-    await limiter.check(Principal(None, "10.1.2.3"))
+async def test_retry_after_is_the_time_to_one_token(store):
+    limiter = RateLimiter(Settings(rate_limit_per_minute=2, rate_limit_burst=1))
+    await _create(store, "j1", limiter.bucket(Principal(None, "10.1.2.3")))
     with pytest.raises(RateLimited) as err:
-        await limiter.check(Principal(None, "10.1.2.3"))
+        await _create(store, "j2", limiter.bucket(Principal(None, "10.1.2.3")))
     assert err.value.retry_after == 30
-    await limiter.check(Principal(None, "10.9.9.9"))  # an open API counts per client address
+    # an open API counts per client address
+    await _create(store, "j3", limiter.bucket(Principal(None, "10.9.9.9")))
+
+
+async def test_a_retried_create_takes_no_second_token(store):
+    bucket = RateLimiter(Settings(rate_limit_per_minute=2, rate_limit_burst=1)).bucket(
+        Principal("abc"))
+    first = await _create(store, "j1", bucket)
+    # The same id again (a retry after a lost reply): the job as stored, no token taken.
+    assert (await _create(store, "j1", bucket)).created_at == first.created_at
+
+
+def test_invalid_and_replayed_submissions_take_no_token(client):
+    bad = {**TEXT, "input": {"prompts": ["hi"], "max_new_tokens": -1}}
+    for _ in range(3):
+        assert client.post("/v1/jobs", json=bad,
+                           headers={"Authorization": "Bearer key-one"}).status_code == 422
+    headers = {"Authorization": "Bearer key-one", "Idempotency-Key": "once"}
+    assert client.post("/v1/jobs", json=TEXT, headers=headers).status_code == 202
+    for _ in range(2):  # replays of the job already made
+        assert client.post("/v1/jobs", json=TEXT, headers=headers).status_code == 200
+    assert _post(client, "key-one").status_code == 202  # the burst's second token
+    assert _post(client, "key-one").status_code == 429
 
 
 def test_bucket_keys():

@@ -53,14 +53,14 @@ class Calls:
     async def answer(self, req: OpenAIRequest, principal: Principal, base: str,
                      idempotency_key: str | None) -> JSONResponse | EventSourceResponse:
         job = job_request(req, self.registry)
-        await self.limiter.check(principal)
         caller = bucket_key(principal)
         # Refused before the job exists: an accepted job is never answered with an error.
         if (why := self.watchers.refusal(caller)) is not None:
             raise TooManyWatches(why)
         if not isinstance(req, ImageGenerationRequest) and req.stream:
             return await self._stream(req, job, principal, base, idempotency_key, caller)
-        rec = (await self.submissions.submit(job, principal, idempotency_key, base)).job
+        rec = (await self.submissions.submit(job, principal, idempotency_key, base,
+                                             bucket=self.limiter.bucket(principal))).job
         rec = await self._wait(rec, caller)
         if rec.status != JobStatus.SUCCEEDED:
             status, body = failure(rec)
@@ -103,7 +103,8 @@ class Calls:
         listener = await listening.enter_async_context(self.hub.listen(job_id, live=True))
         try:
             rec = (await self.submissions.submit(job, principal, idempotency_key, base,
-                                                 job_id=job_id)).job
+                                                 job_id=job_id,
+                                                 bucket=self.limiter.bucket(principal))).job
         except BaseException:
             await listening.aclose()
             raise

@@ -54,9 +54,9 @@ async def create_job(
     """Accept a job; its sub-requests are queued at once. Headers: `Idempotency-Key` makes
     a retry return the first job instead of a second one; `Prefer: wait=N` holds the answer
     up to N seconds for the job to finish."""
-    await limiter.check(principal)
     done = await submissions.submit(req, principal, idempotency_key,
-                                    str(request.base_url).rstrip("/"))
+                                    str(request.base_url).rstrip("/"),
+                                    bucket=limiter.bucket(principal))
     rec = await prefer_wait.apply(done.job, response)
     if rec.final or not done.created:
         response.status_code = 200
