@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from services.devstack.isolated import isolated
+from services.devstack.isolated import isolated, run_engine
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 
@@ -160,12 +160,7 @@ def _in_process(model: str, item, n: int, threads: int | None) -> float:
             times.append(await once(engine))
         return n / statistics.median(times)
 
-    try:
-        return asyncio.run(main())
-    finally:
-        executor = getattr(pipeline, "device_executor", None)
-        if executor is not None:
-            executor.shutdown(wait=True)
+    return run_engine(pipeline, main())
 
 
 def scrape(url: str) -> str:

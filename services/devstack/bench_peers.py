@@ -50,7 +50,7 @@ import yaml
 
 from services.devstack import gpt2_6x256
 from services.devstack.bench_engine import stack_env
-from services.devstack.isolated import isolated
+from services.devstack.isolated import isolated, run_engine
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 from shared.settings import REPO_ROOT
@@ -386,12 +386,7 @@ def measure_engine(registry: Path, model: str, new_tokens: int, reps: int) -> Lo
             times.append(time.perf_counter() - t)
         return median_load(times, tokens)
 
-    try:
-        return asyncio.run(main())
-    finally:
-        executor = getattr(pipeline, "device_executor", None)
-        if executor is not None:
-            executor.shutdown(wait=True)
+    return run_engine(pipeline, main())
 
 
 # Servers --------------------------------------------------------------------------------------
