@@ -59,8 +59,8 @@ def queued(redis_url: str, model: str) -> int:
     """Sub-requests waiting in a model's queue, over all of its priority lists."""
     from shared.queue_depth import priority_lists
 
-    client = redis.Redis.from_url(redis_url)
-    return sum(client.llen(key) for key in priority_lists(model))
+    with redis.Redis.from_url(redis_url) as client:
+        return sum(client.llen(key) for key in priority_lists(model))
 
 
 async def backlog(redis_client: aioredis.Redis, model: str) -> int:
@@ -68,6 +68,13 @@ async def backlog(redis_client: aioredis.Redis, model: str) -> int:
     from shared.names import backlog_key
 
     return await redis_client.zcard(backlog_key(model))
+
+
+@pytest.fixture
+def sredis(redis_url):
+    """A synchronous client of the test's Redis, closed after the test."""
+    with redis.Redis.from_url(redis_url) as client:
+        yield client
 
 
 @pytest.fixture

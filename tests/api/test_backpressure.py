@@ -33,8 +33,9 @@ def client(settings_env, monkeypatch):
 
 
 def _stored_jobs(redis_url) -> int:
-    keys = redis.Redis.from_url(redis_url).scan_iter(match=f"{names.PREFIX}:job:*")
-    return sum(1 for k in keys if k.count(b":") == 2)  # fm:job:<id>, not its sub-keys
+    with redis.Redis.from_url(redis_url) as r:
+        keys = r.scan_iter(match=f"{names.PREFIX}:job:*")
+        return sum(1 for k in keys if k.count(b":") == 2)  # fm:job:<id>, not its sub-keys
 
 
 async def test_full_queue_is_503_and_nothing_is_stored_or_enqueued(client, aredis, redis_url):

@@ -91,8 +91,8 @@ def _jobs(r: redis.Redis, batch_id: str) -> dict[int, str]:
     return {int(k): v.decode() for k, v in r.hgetall(names.batch_jobs_key(batch_id)).items()}
 
 
-def test_a_batch_runs_to_its_output_and_error_files(client, redis_url):
-    r = redis.Redis.from_url(redis_url)
+def test_a_batch_runs_to_its_output_and_error_files(client, sredis):
+    r = sredis
     content = jsonl(
         _completion("a"),
         line("b", CHAT, model="pydoc-gpt2", messages=[{"role": "user", "content": "hi"}],
@@ -192,8 +192,8 @@ def test_a_batch_that_cannot_run_is_refused_naming_the_field(client, change, par
     assert resp.json()["error"]["param"] == param, resp.json()
 
 
-def test_cancel_stops_the_batch_and_files_what_finished(client, redis_url):
-    r = redis.Redis.from_url(redis_url)
+def test_cancel_stops_the_batch_and_files_what_finished(client, sredis):
+    r = sredis
     batch = _batch(client, jsonl(*(_completion(c) for c in "abcde")))
     jobs = _wait(lambda: len(j := _jobs(r, batch["id"])) == 2 and j, what="two lines running")
     _finish_job(r, jobs[0])

@@ -35,7 +35,8 @@ def client(limited_env):
 def _no_jobs(redis_url) -> bool:
     import redis
 
-    return not list(redis.Redis.from_url(redis_url).scan_iter(match=f"{names.PREFIX}:job:*"))
+    with redis.Redis.from_url(redis_url) as r:
+        return not list(r.scan_iter(match=f"{names.PREFIX}:job:*"))
 
 
 def _assert_413(resp) -> None:

@@ -201,8 +201,9 @@ def test_a_503_frees_the_key_for_a_retry(settings_env, monkeypatch, redis_url):
         assert client.post("/v1/jobs", json=TEXT).status_code == 202  # the queue is now full
         refused = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "retry"})
         assert refused.status_code == 503
-        assert not redis.Redis.from_url(redis_url).exists(idempotency._key(None, "retry"))
-        redis.Redis.from_url(redis_url).delete(*priority_lists("tiny-gpt2"))  # drained
+        with redis.Redis.from_url(redis_url) as r:
+            assert not r.exists(idempotency._key(None, "retry"))
+            r.delete(*priority_lists("tiny-gpt2"))  # drained
         retried = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "retry"})
         assert retried.status_code == 202
         again = client.post("/v1/jobs", json=TEXT, headers={"Idempotency-Key": "retry"})

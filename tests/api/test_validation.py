@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from services.api.app import create_app
@@ -83,14 +82,13 @@ def _fields(resp) -> list[str]:
         ),
     ],
 )
-def test_bad_input_is_a_422_naming_the_field(client, redis_url, body, field):
+def test_bad_input_is_a_422_naming_the_field(client, redis_url, sredis, body, field):
     resp = client.post("/v1/jobs", json=body)
     assert resp.status_code == 422, resp.text
     assert any(f.endswith(field) for f in _fields(resp)), (field, resp.json())
-    r = redis.Redis.from_url(redis_url)
     for model in ("tiny-gpt2", "tiny-sd", "digits"):
         assert queued(redis_url, model) == 0
-    assert not list(r.scan_iter(match=f"{names.PREFIX}:job:*"))
+    assert not list(sredis.scan_iter(match=f"{names.PREFIX}:job:*"))
 
 
 def test_digits_422_says_what_the_model_understands(client):

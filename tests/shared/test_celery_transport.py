@@ -51,8 +51,8 @@ def test_celery_uses_the_transport(celery):
             assert a is b  # one client, not one per command
 
 
-def test_a_message_is_kept_until_acked_then_gone_without_multi(celery, redis_url):
-    r = redis.Redis.from_url(redis_url)
+def test_a_message_is_kept_until_acked_then_gone_without_multi(celery, sredis):
+    r = sredis
     _send(celery, [SUB], 5)
     key = priority_lists("tiny-gpt2")[5]
     assert r.llen(key) == 1
@@ -73,8 +73,8 @@ def test_a_message_is_kept_until_acked_then_gone_without_multi(celery, redis_url
         channel.close()
 
 
-def test_an_unacked_message_goes_back_to_its_queue_when_its_consumer_is_lost(celery, redis_url):
-    r = redis.Redis.from_url(redis_url)
+def test_an_unacked_message_goes_back_to_its_queue_when_its_consumer_is_lost(celery, sredis):
+    r = sredis
     _send(celery, [SUB], 5)
     key = priority_lists("tiny-gpt2")[5]
     with celery.connection_for_read() as conn:
@@ -86,8 +86,8 @@ def test_an_unacked_message_goes_back_to_its_queue_when_its_consumer_is_lost(cel
     assert _queued(r, key) == [SUB] and r.hlen("unacked") == 0
 
 
-def test_a_dead_consumers_message_is_restored_after_the_visibility_timeout(redis_url):
-    r = redis.Redis.from_url(redis_url)
+def test_a_dead_consumers_message_is_restored_after_the_visibility_timeout(redis_url, sredis):
+    r = sredis
     app = make_celery(Settings(redis_url=redis_url, visibility_timeout_seconds=2,
                                subrequest_time_limit_seconds=1))
     _send(app, [SUB], 5)

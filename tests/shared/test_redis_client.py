@@ -43,8 +43,8 @@ def own_redis(tmp_path, model_dir, monkeypatch):
 
 
 def _jobs(port: int) -> list[bytes]:
-    r = redis.Redis(port=port)
-    return [k for k in r.scan_iter("fm:job:*") if k.count(b":") == 2]
+    with redis.Redis(port=port) as r:
+        return [k for k in r.scan_iter("fm:job:*") if k.count(b":") == 2]
 
 
 def test_a_submission_during_a_redis_restart_is_accepted_once(own_redis):

@@ -27,7 +27,8 @@ def ui_stack(redis_server, model_dir, tmp_path_factory):
     """One API and one worker process: the page needs no more, and the machine has 2 cores.
     Keys are on, so every request of the page must carry one."""
     logs = tmp_path_factory.mktemp("ui-stack-logs")
-    redis.Redis.from_url(redis_server.url).flushdb()
+    with redis.Redis.from_url(redis_server.url) as r:
+        r.flushdb()
     env = {
         "FIBERMILL_REDIS_URL": redis_server.url,
         "FIBERMILL_MODEL_REGISTRY": str(model_dir / "registry.yaml"),
