@@ -23,36 +23,33 @@ that load against the same requests run alone.
 
 Clients are asyncio + aiohttp in this process: they share the two cores with the servers, and
 aiohttp's client takes about a quarter of httpx's CPU per request (0.55 against 2.0 ms here),
-which would otherwise come out of every server's share. Servers are measured one after another,
-never side by side.
+which would otherwise come out of every server's share. A model's LitServe and Fibermill servers
+are up together and measured in turns, never at once: their c=32 rounds alternate (A B, B A,
+...), as do static batching's and Fibermill's mixed rounds, and a ratio between them is the
+median of the rounds' ratios. The machine's speed drifts by a third within an hour, so a ratio
+of two figures taken minutes apart says more about the hour than about the servers.
 """
 
 import argparse
 import asyncio
-import importlib.util
-import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
-import httpx
 import yaml
 
 from services.devstack import gpt2_6x256
-from services.devstack.bench_engine import stack_env
 from services.devstack.isolated import isolated, run_engine
-from services.devstack.processes import start_api, start_workers, stop, wait_ready
-from services.devstack.redis_server import free_port, start_redis
+from services.devstack.peer_servers import fibermill_stack, litserve_available, litserve_server
 from shared.settings import REPO_ROOT
 
 FINAL = {"succeeded", "failed", "canceled"}
@@ -62,6 +59,7 @@ LITSERVE_BATCH_TIMEOUT = 0.01
 MIXED_RANGE = (8, 128)
 MIXED_SEED = 0
 SHORT = 16  # a mixed-workload request with at most this many new tokens is "short"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -90,9 +88,10 @@ class Sizes:
     reps: int = 4  # at least this many timed batches (generate) or bursts (engine) of 32
     mixed: int = 128  # requests in the mixed-length workload
     warmup: int = 32  # untimed requests before each c=32 measurement
-    # Closed-loop loads and static mixed batching are run this many times, and the round with
-    # the median req/s is reported: a shared 2-core machine has slow moments.
-    rounds: int = 3
+    # Closed-loop c=32 loads and the mixed workload run this many alternating rounds (see
+    # `alternate`); the round with the median req/s is reported, and a ratio is the median of
+    # the paired rounds' ratios.
+    rounds: int = 5
 
 
 FULL = Sizes()
@@ -318,38 +317,40 @@ def median_load(times: list[float], tokens: list[int | None]) -> Load:
     return Load(median * len(times), [median] * (BATCH * len(times)), tokens)
 
 
-def measure_static_mixed(model_dir: Path, budgets: list[int], rounds: int = 1
-                         ) -> tuple[Load, Load]:
+def measure_static_mixed(model_dir: Path, budgets: list[int]) -> Load:
     """Static batching of the mixed workload with `generate`: batches of 32 in arrival order,
-    each run to its longest budget (`rounds` times, the median round kept). A request's
-    latency is its batch's time. Then each short request alone (a batch of one)."""
+    each run to its longest budget, after a warm-up batch. A request's latency is its batch's
+    time."""
     from services.devstack import hf_generate
 
     model, tokenizer = hf_generate.load(model_dir)
-    hf_generate.generate(model, tokenizer, [PROMPT] * BATCH, [max(budgets)] * BATCH)  # warm-up
-
-    def one_round() -> Load:
-        latencies = [0.0] * len(budgets)
-        tokens: list[int | None] = [None] * len(budgets)
-        t0 = time.perf_counter()
-        for batch in static_batches(budgets):
-            t = time.perf_counter()
-            out = hf_generate.generate(model, tokenizer, [PROMPT] * len(batch),
-                                       [budgets[i] for i in batch])
-            took = time.perf_counter() - t
-            for i, (_, n) in zip(batch, out, strict=True):
-                latencies[i], tokens[i] = took, n
-        return Load(time.perf_counter() - t0, latencies, tokens)
-
-    loads = [one_round() for _ in range(rounds)]
-    load = median_round(loads)
-    alone_lat, alone_tok = [], []
+    hf_generate.generate(model, tokenizer, [PROMPT] * BATCH, [max(budgets)] * BATCH)
+    latencies = [0.0] * len(budgets)
+    tokens: list[int | None] = [None] * len(budgets)
     t0 = time.perf_counter()
-    for b in (b for b in budgets if b <= SHORT):
+    for batch in static_batches(budgets):
         t = time.perf_counter()
-        alone_tok.append(hf_generate.generate(model, tokenizer, [PROMPT], [b])[0][1])
-        alone_lat.append(time.perf_counter() - t)
-    return load, Load(time.perf_counter() - t0, alone_lat, alone_tok)
+        out = hf_generate.generate(model, tokenizer, [PROMPT] * len(batch),
+                                   [budgets[i] for i in batch])
+        took = time.perf_counter() - t
+        for i, (_, n) in zip(batch, out, strict=True):
+            latencies[i], tokens[i] = took, n
+    return Load(time.perf_counter() - t0, latencies, tokens)
+
+
+def measure_alone(model_dir: Path, budgets: list[int]) -> Load:
+    """Each budget alone with `generate` (a batch of one), after a warm-up."""
+    from services.devstack import hf_generate
+
+    model, tokenizer = hf_generate.load(model_dir)
+    hf_generate.generate(model, tokenizer, [PROMPT], [budgets[0]])
+    latencies, tokens = [], []
+    t0 = time.perf_counter()
+    for b in budgets:
+        t = time.perf_counter()
+        tokens.append(hf_generate.generate(model, tokenizer, [PROMPT], [b])[0][1])
+        latencies.append(time.perf_counter() - t)
+    return Load(time.perf_counter() - t0, latencies, tokens)
 
 
 def measure_engine(registry: Path, model: str, new_tokens: int, reps: int) -> Load:
@@ -389,104 +390,6 @@ def measure_engine(registry: Path, model: str, new_tokens: int, reps: int) -> Lo
     return run_engine(pipeline, main())
 
 
-# Servers --------------------------------------------------------------------------------------
-
-
-def litserve_available() -> bool:
-    return importlib.util.find_spec("litserve") is not None
-
-
-def _tail(path: Path, chars: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
-
-
-@contextmanager
-def litserve_server(model_dir: Path, logdir: Path, threads: int | None = None
-                    ) -> Iterator[str]:
-    """services/devstack/litserve_peer.py in its own session (LitServe starts several
-    processes, `threads` intra-op threads each); yields its base URL, and stops the whole
-    process group at the end."""
-    port = free_port()
-    log = logdir / f"litserve-{port}.log"
-    cmd = [sys.executable, "-m", "services.devstack.litserve_peer", "--model-dir", str(model_dir),
-           "--port", str(port), "--max-batch-size", str(BATCH),
-           "--batch-timeout", str(LITSERVE_BATCH_TIMEOUT)]
-    with open(log, "wb") as out:
-        env = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads)})}
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=REPO_ROOT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"LitServe exited with {proc.returncode}:\n{_tail(log)}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise TimeoutError(f"LitServe not healthy in 180 s:\n{_tail(log)}")
-            time.sleep(0.2)
-        yield base
-    finally:
-        _stop_group(proc)
-
-
-def _stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group `proc` leads, SIGKILL what is left after `timeout`."""
-    pgid = proc.pid
-
-    def signal_group(sig: int) -> bool:
-        try:
-            os.killpg(pgid, sig)
-            return True
-        except ProcessLookupError:
-            return False
-
-    signal_group(signal.SIGTERM)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        proc.poll()
-        if not signal_group(0):
-            break
-        time.sleep(0.1)
-    else:
-        signal_group(signal.SIGKILL)
-    with suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-
-
-@contextmanager
-def fibermill_stack(registry: Path, models: Sequence[str], logdir: Path,
-                    threads: int | None = None) -> Iterator[str]:
-    """Redis, the API and one CPU worker (`threads` intra-op threads) serving `models` from
-    `registry`; yields the API URL."""
-    rport, port = free_port(), free_port()
-    redis_proc = start_redis(rport, logdir / "redis", appendonly=False)
-    env = {**stack_env(rport, 0, ",".join(models), batching=True),
-           "FIBERMILL_MODEL_REGISTRY": str(registry), "FIBERMILL_CPU_WORKERS": "1"}
-    if threads is not None:
-        env["FIBERMILL_CPU_THREADS"] = str(threads)
-    wlog, alog = logdir / "workers.log", logdir / "api.log"
-    with open(wlog, "wb") as wout, open(alog, "wb") as aout:
-        workers = start_workers(env, stdout=wout, stderr=subprocess.STDOUT)
-        api = start_api(port, env, stdout=aout, stderr=subprocess.STDOUT)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(base, timeout=300, procs=[api, workers])
-        except (TimeoutError, RuntimeError) as exc:
-            raise RuntimeError(f"{exc}\nworkers:\n{_tail(wlog)}\napi:\n{_tail(alog)}") from exc
-        yield base
-    finally:
-        stop([api, workers, redis_proc])
-
-
 # The run --------------------------------------------------------------------------------------
 
 
@@ -494,11 +397,32 @@ def _log(msg: str) -> None:
     print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def alternate(rounds: int, contenders: Sequence[Callable[[], T]]) -> list[list[T]]:
+    """`rounds` rounds of every contender, the order reversed every other round (A B, B A,
+    A B, ...): on a machine whose speed drifts, round i of each ran in the same stretch of time,
+    so each round's ratio is fair even when the rounds are not alike."""
+    out: list[list[T]] = [[] for _ in contenders]
+    for r in range(rounds):
+        order = range(len(contenders))
+        for i in (order if r % 2 == 0 else reversed(order)):
+            out[i].append(contenders[i]())
+    return out
+
+
+def paired_ratio(a: Load | None, b: Load | None) -> float | None:
+    """The median over rounds of `a`'s req/s over `b`'s, round i with round i (they ran side by
+    side, see `alternate`); without paired rounds, the ratio of the two loads."""
+    if a is None or b is None:
+        return None
+    if a.rounds and len(a.rounds) == len(b.rounds):
+        return statistics.median(x / y for x, y in zip(a.rounds, b.rounds, strict=True))
+    return a.rps / b.rps if b.rps else None
+
+
 def run(sizes: Sizes = FULL) -> dict:
     """Every measurement, in one run. Keys: (model, contender) -> Load, "mixed" -> {...}."""
     out: dict = {"sizes": sizes, "errors": []}
     budgets = mixed_budgets(sizes.mixed)
-    shorts = [b for b in budgets if b <= SHORT]
     out["mixed_budgets"] = budgets
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fibermill-peers-") as tmp:
@@ -509,8 +433,8 @@ def run(sizes: Sizes = FULL) -> dict:
 
         def in_process(when: str) -> None:
             """generate and the engine in process, at the start and again at the end of the
-            run; each is reported by its faster sitting (the machine's speed drifts over a
-            run, and the limit is what it could do)."""
+            run, with no server up; each is reported by its faster sitting (the machine's
+            speed drifts over a run, and the limit is what it could do)."""
             for case in CASES:
                 n = case.new_tokens
                 for key, measure, args in (
@@ -522,50 +446,69 @@ def run(sizes: Sizes = FULL) -> dict:
                     out[(case.model, key)] = load if earlier is None else fastest([earlier, load])
 
         in_process("start")
-        _log("mixed workload: static batching with generate")
-        out[("mixed", "generate")], out[("mixed", "generate alone")] = isolated(
-            measure_static_mixed, big_dir, budgets, sizes.rounds)
-
-        if litserve_available():
-            for case in CASES:
-                _log(f"{case.model}: LitServe")
-                n = case.new_tokens
-                try:
-                    with litserve_server(dirs[case.model], tmp, case.threads) as base:
-                        loads = run_loads(litserve_send, base, [
-                            ("c1", [n] * 3, 1, [n] * sizes.c1, 1),
-                            ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32 * case.load,
-                             sizes.rounds),
-                        ])
-                    out[(case.model, "litserve c1")] = loads["c1"]
-                    out[(case.model, "litserve c32")] = loads["c32"]
-                except Exception as exc:  # report it and go on with Fibermill
-                    out["errors"].append(f"LitServe on {case.model}: {exc!r}")
-        else:
+        if not litserve_available():
             out["errors"].append("LitServe is not installed (pip install -e '.[bench]')")
-
         # One stack per model, as LitServe serves one: a worker serving both would run two
         # device threads, each with its own OpenMP team on the same two cores.
         for case in CASES:
-            n = case.new_tokens
-            _log(f"{case.model}: Fibermill c=1, c=32")
             with fibermill_stack(registry, [case.model], tmp, case.threads) as base:
-                plan = [("c1", [n] * 3, 1, [n] * sizes.c1, 1),
-                        ("c32", [n] * sizes.warmup, BATCH, [n] * sizes.c32 * case.load,
-                         sizes.rounds)]
+                _serve(case, dirs[case.model], tmp, base, sizes, out)
                 if case is BIG:
-                    plan.append(("mixed", budgets[: sizes.warmup], BATCH, budgets, sizes.rounds))
-                    if shorts:
-                        plan.append(("alone", shorts[:1], 1, shorts, 1))
-                loads = run_loads(fibermill_send(case.model), base, plan)
-            out[(case.model, "fibermill c1")] = loads["c1"]
-            out[(case.model, "fibermill c32")] = loads["c32"]
-            if case is BIG:
-                out[("mixed", "fibermill")] = loads["mixed"]
-                out[("mixed", "fibermill alone")] = loads.get("alone")
+                    _mixed(big_dir, base, budgets, sizes, out)
         in_process("end")
     out["seconds"] = time.perf_counter() - t_start
     return out
+
+
+def _serve(case: Case, model_dir: Path, tmp: Path, base: str, sizes: Sizes, out: dict) -> None:
+    """c=1 and c=32 against LitServe and the Fibermill stack at `base`, both up together (the
+    one idles while the other is measured), the c=32 rounds alternating."""
+    n = case.new_tokens
+    fibermill = fibermill_send(case.model)
+    c32 = [n] * sizes.c32 * case.load
+
+    def c32_round(send, url: str) -> Callable[[], Load]:
+        return lambda: run_loads(send, url, [("c32", [], BATCH, c32, 1)])["c32"]
+
+    with ExitStack() as servers:
+        lbase = None
+        if litserve_available():
+            try:
+                lbase = servers.enter_context(litserve_server(
+                    model_dir, tmp, BATCH, LITSERVE_BATCH_TIMEOUT, case.threads))
+            except Exception as exc:  # report it and go on with Fibermill
+                out["errors"].append(f"LitServe on {case.model}: {exc!r}")
+        contenders = [("fibermill", fibermill, base)]
+        if lbase is not None:
+            contenders.append(("litserve", litserve_send, lbase))
+        for key, send, url in contenders:
+            _log(f"{case.model}: {key} c=1, c=32 warm-up")
+            loads = run_loads(send, url, [("c1", [n] * 3, 1, [n] * sizes.c1, 1),
+                                          ("warm", [], BATCH, [n] * sizes.warmup, 1)])
+            out[(case.model, f"{key} c1")] = loads["c1"]
+        _log(f"{case.model}: c=32, {sizes.rounds} alternating rounds")
+        rounds = alternate(sizes.rounds, [c32_round(send, url) for _, send, url in contenders])
+        for (key, _, _), loads in zip(contenders, rounds, strict=True):
+            out[(case.model, f"{key} c32")] = median_round(loads)
+
+
+def _mixed(big_dir: Path, base: str, budgets: list[int], sizes: Sizes, out: dict) -> None:
+    """The mixed-length workload: static batching with `generate` (each round in a fresh
+    interpreter, while the stack idles) and the stack at `base`, rounds alternating; then the
+    short requests alone on both."""
+    _log(f"mixed workload: {sizes.rounds} alternating rounds, static generate and Fibermill")
+    send = fibermill_send(BIG.model)
+    run_loads(send, base, [("warm", [], BATCH, budgets[: sizes.warmup], 1)])
+    static, stack = alternate(sizes.rounds, [
+        lambda: isolated(measure_static_mixed, big_dir, budgets),
+        lambda: run_loads(send, base, [("mixed", [], BATCH, budgets, 1)])["mixed"]])
+    out[("mixed", "generate")] = median_round(static)
+    out[("mixed", "fibermill")] = median_round(stack)
+    shorts = [b for b in budgets if b <= SHORT]
+    if shorts:
+        out[("mixed", "generate alone")] = isolated(measure_alone, big_dir, shorts)
+        out[("mixed", "fibermill alone")] = run_loads(
+            send, base, [("alone", shorts[:1], 1, shorts, 1)])["alone"]
 
 
 # The report -----------------------------------------------------------------------------------
@@ -581,6 +524,13 @@ def _cells(load: Load | None) -> str:
 
 def _rounds(load: Load) -> str:
     return ", ".join(f"{x:.1f}" for x in load.rounds) if load.rounds else "-"
+
+
+def _pairs(a: Load | None, b: Load | None) -> str:
+    """Round i of `a` over round i of `b`, for every round both ran."""
+    if a is None or b is None or not a.rounds or len(a.rounds) != len(b.rounds):
+        return "-"
+    return ", ".join(f"{x / y:.2f}" for x, y in zip(a.rounds, b.rounds, strict=True))
 
 
 def _short_p50(load: Load | None, budgets: Sequence[int]) -> float | None:
@@ -646,8 +596,11 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
               "|---|" + "---|" * len(CASES)]
     ratios = [
         ("Fibermill c=32 / generate", lambda m: ratio(rps(m, "fibermill c32"), rps(m, "generate"))),
-        ("Fibermill c=32 / LitServe c=32",
-         lambda m: ratio(rps(m, "fibermill c32"), rps(m, "litserve c32"))),
+        ("Fibermill c=32 / LitServe c=32 (median of paired rounds)",
+         lambda m: ratio(paired_ratio(r.get((m, "fibermill c32")), r.get((m, "litserve c32"))),
+                         1.0)),
+        ("the paired rounds' ratios", lambda m: _pairs(r.get((m, "fibermill c32")),
+                                                       r.get((m, "litserve c32")))),
         ("engine in process / generate", lambda m: ratio(rps(m, "engine"), rps(m, "generate"))),
         ("c=1 p50, Fibermill / LitServe",
          lambda m: ratio(p50(m, "fibermill c1"), p50(m, "litserve c1"))),
@@ -668,7 +621,6 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
               "| contender | req/s | useful tokens/s | short p50 under load (ms) | "
               "short p50 alone (ms) | under load / alone | rounds (req/s) |",
               "|---|---|---|---|---|---|---|"]
-    mixed_ratio = None
     for label, key in (("transformers `generate`, static batches of 32", "generate"),
                        ("Fibermill end to end, c=32", "fibermill")):
         load, alone = r.get(("mixed", key)), r.get(("mixed", f"{key} alone"))
@@ -681,19 +633,23 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
                      f"{_ms(under)} | {_ms(alone_p50)} | {ratio(under, alone_p50)} | "
                      f"{_rounds(load)} |")
     g, f = r.get(("mixed", "generate")), r.get(("mixed", "fibermill"))
-    if g is not None and f is not None:
-        mixed_ratio = ratio(f.rps, g.rps)
-    lines += ["", f"Mixed-length throughput, Fibermill / static `generate`: {mixed_ratio or '-'}."]
+    mixed_ratio = ratio(paired_ratio(f, g), 1.0)
+    lines += ["", f"Mixed-length throughput, Fibermill / static `generate` (median of paired "
+              f"rounds): {mixed_ratio}; the rounds' ratios: {_pairs(f, g)}."]
     lines += ["", f"Requests per measurement: c=1 {sizes.c1}, c=32 {sizes.c32} x the model's "
               f"load factor ({', '.join(f'{c.model} {c.load}' for c in CASES)}; after "
-              f"{sizes.warmup} warm-up); each c=32 load and the static mixed batching run "
-              f"{sizes.rounds} time(s), the round with the median req/s reported (its "
-              f"latencies too), Fibermill on a stack of its own per model. In process: measured "
-              f"at the start and at the end of the run, the faster sitting reported; after "
-              f"one warm-up batch, batches of {BATCH} "
-              f"repeated at least {sizes.reps} times and for at least {MIN_SECONDS:g} s, each "
-              f"counted at the median batch time, and each contender in a fresh interpreter of "
-              f"its own. The peers section took {r.get('seconds', 0):.0f} s."]
+              f"{sizes.warmup} warm-up). A model's LitServe and Fibermill (Redis, API, worker: "
+              f"a stack of its own per model) are up together and measured in turns: "
+              f"{sizes.rounds} c=32 rounds each, alternating (A B, B A, ...), as are static "
+              f"batching's mixed rounds (each in a fresh interpreter, the stack idle) and "
+              f"Fibermill's; the round with the median req/s is reported (its latencies too), "
+              f"and a ratio between contenders that ran in turns is the median of their rounds' "
+              f"ratios. In process (generate, the engine): measured at the start and at the "
+              f"end of the run with no server up, the faster sitting reported; after one "
+              f"warm-up batch, batches of {BATCH} repeated at least {sizes.reps} times and for "
+              f"at least {MIN_SECONDS:g} s, each counted at the median batch time, and each "
+              f"contender in a fresh interpreter of its own. The peers section took "
+              f"{r.get('seconds', 0):.0f} s."]
     for err in r.get("errors", []):
         lines += ["", f"Not measured: {err}"]
     return lines

@@ -111,3 +111,37 @@ def test_fastest_is_the_highest_requests_per_second():
     assert load.seconds == 1.0 and load.rounds == [1.0, 4.0]
     with pytest.raises(ValueError):
         bp.fastest([])
+
+
+def test_alternate_reverses_the_order_every_other_round():
+    calls = []
+
+    def contender(name: str):
+        def one_round() -> str:
+            calls.append(name)
+            return f"{name}{sum(1 for c in calls if c == name)}"
+        return one_round
+
+    out = bp.alternate(3, [contender("a"), contender("b")])
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert out == [["a1", "a2", "a3"], ["b1", "b2", "b3"]]  # each contender's rounds in order
+
+
+def test_paired_ratio_is_the_median_of_the_rounds_ratios():
+    # Round by round, a is 2x, 1.5x and 4x b; the medians of each side would give 1.0x.
+    a = bp.median_round([bp.Load(1.0, [0.1] * n) for n in (4, 6, 16)])
+    b = bp.median_round([bp.Load(1.0, [0.1] * n) for n in (2, 4, 4)])
+    assert bp.paired_ratio(a, b) == 2.0
+    assert bp.paired_ratio(a, None) is None
+    # Loads without paired rounds: the ratio of the two.
+    assert bp.paired_ratio(bp.Load(1.0, [0.1] * 6), bp.Load(1.0, [0.1] * 3)) == 2.0
+
+
+def test_report_gives_the_paired_ratio_and_each_rounds():
+    fm = bp.median_round([bp.Load(1.0, [0.1] * n, [16] * n) for n in (4, 6, 16)])
+    ls = bp.median_round([bp.Load(1.0, [0.1] * n, [16] * n) for n in (2, 4, 4)])
+    results = {"sizes": bp.FULL, "errors": [], "mixed_budgets": [8], "seconds": 1.0,
+               ("tiny-gpt2", "fibermill c32"): fm, ("tiny-gpt2", "litserve c32"): ls}
+    text = "\n".join(bp.report(results))
+    assert "| Fibermill c=32 / LitServe c=32 (median of paired rounds) | 2.00x | - |" in text
+    assert "| the paired rounds' ratios | 2.00, 1.50, 4.00 | - |" in text

@@ -1,0 +1,114 @@
+"""The servers the peers benchmark measures: LitServe (services/devstack/litserve_peer.py)
+and a Fibermill stack of its own, each started in its own processes and stopped with them."""
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import httpx
+
+from services.devstack.bench_engine import stack_env
+from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.redis_server import free_port, start_redis
+from shared.settings import REPO_ROOT
+
+
+def litserve_available() -> bool:
+    return importlib.util.find_spec("litserve") is not None
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+@contextmanager
+def litserve_server(model_dir: Path, logdir: Path, max_batch: int, batch_timeout: float,
+                    threads: int | None = None) -> Iterator[str]:
+    """services/devstack/litserve_peer.py in its own session (LitServe starts several
+    processes, `threads` intra-op threads each); yields its base URL, and stops the whole
+    process group at the end."""
+    port = free_port()
+    log = logdir / f"litserve-{port}.log"
+    cmd = [sys.executable, "-m", "services.devstack.litserve_peer", "--model-dir", str(model_dir),
+           "--port", str(port), "--max-batch-size", str(max_batch),
+           "--batch-timeout", str(batch_timeout)]
+    with open(log, "wb") as out:
+        env = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads)})}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=REPO_ROOT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"LitServe exited with {proc.returncode}:\n{_tail(log)}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError(f"LitServe not healthy in 180 s:\n{_tail(log)}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM the process group `proc` leads, SIGKILL what is left after `timeout`."""
+    pgid = proc.pid
+
+    def signal_group(sig: int) -> bool:
+        try:
+            os.killpg(pgid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    signal_group(signal.SIGTERM)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        proc.poll()
+        if not signal_group(0):
+            break
+        time.sleep(0.1)
+    else:
+        signal_group(signal.SIGKILL)
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+@contextmanager
+def fibermill_stack(registry: Path, models: Sequence[str], logdir: Path,
+                    threads: int | None = None) -> Iterator[str]:
+    """Redis, the API and one CPU worker (`threads` intra-op threads) serving `models` from
+    `registry`; yields the API URL."""
+    rport, port = free_port(), free_port()
+    redis_proc = start_redis(rport, logdir / f"redis-{rport}", appendonly=False)
+    env = {**stack_env(rport, 0, ",".join(models), batching=True),
+           "FIBERMILL_MODEL_REGISTRY": str(registry), "FIBERMILL_CPU_WORKERS": "1"}
+    if threads is not None:
+        env["FIBERMILL_CPU_THREADS"] = str(threads)
+    wlog, alog = logdir / f"workers-{port}.log", logdir / f"api-{port}.log"
+    with open(wlog, "wb") as wout, open(alog, "wb") as aout:
+        workers = start_workers(env, stdout=wout, stderr=subprocess.STDOUT)
+        api = start_api(port, env, stdout=aout, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(base, timeout=300, procs=[api, workers])
+        except (TimeoutError, RuntimeError) as exc:
+            raise RuntimeError(f"{exc}\nworkers:\n{_tail(wlog)}\napi:\n{_tail(alog)}") from exc
+        yield base
+    finally:
+        stop([api, workers, redis_proc])
