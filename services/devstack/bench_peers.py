@@ -486,9 +486,13 @@ def _serve(case: Case, model_dir: Path, tmp: Path, base: str, sizes: Sizes, out:
             loads = run_loads(send, url, [("c1", [n] * 3, 1, [n] * sizes.c1, 1),
                                           ("warm", [], BATCH, [n] * sizes.warmup, 1)])
             out[(case.model, f"{key} c1")] = loads["c1"]
+        # The limit takes its turn too (in a fresh interpreter, both servers idle), so that
+        # Fibermill's ratio to it is paired like its ratio to LitServe.
+        turns = [c32_round(send, url) for _, send, url in contenders]
+        turns.append(lambda: isolated(measure_generate, model_dir, n, sizes.reps))
         _log(f"{case.model}: c=32, {sizes.rounds} alternating rounds")
-        rounds = alternate(sizes.rounds, [c32_round(send, url) for _, send, url in contenders])
-        for (key, _, _), loads in zip(contenders, rounds, strict=True):
+        rounds = alternate(sizes.rounds, turns)
+        for key, loads in zip([k for k, _, _ in contenders] + ["generate"], rounds, strict=True):
             out[(case.model, f"{key} c32")] = median_round(loads)
 
 
@@ -569,7 +573,8 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
         "in process, every core.",
         "",
     ]
-    rows = [("transformers `generate`, batches of 32, in process", "generate"),
+    rows = [("transformers `generate`, batches of 32, in process, best sitting", "generate"),
+            ("transformers `generate`, the same, in turns with the servers", "generate c32"),
             ("Fibermill engine, bursts of 32, in process", "engine"),
             ("LitServe, c=1", "litserve c1"), ("LitServe, c=32", "litserve c32"),
             ("Fibermill end to end, c=1", "fibermill c1"),
@@ -595,7 +600,11 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
               "| ratio | " + " | ".join(c.model for c in CASES) + " |",
               "|---|" + "---|" * len(CASES)]
     ratios = [
-        ("Fibermill c=32 / generate", lambda m: ratio(rps(m, "fibermill c32"), rps(m, "generate"))),
+        ("Fibermill c=32 / generate (median of paired rounds)",
+         lambda m: ratio(paired_ratio(r.get((m, "fibermill c32")), r.get((m, "generate c32"))),
+                         1.0)),
+        ("the paired rounds' ratios", lambda m: _pairs(r.get((m, "fibermill c32")),
+                                                       r.get((m, "generate c32")))),
         ("Fibermill c=32 / LitServe c=32 (median of paired rounds)",
          lambda m: ratio(paired_ratio(r.get((m, "fibermill c32")), r.get((m, "litserve c32"))),
                          1.0)),
@@ -640,12 +649,14 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
               f"load factor ({', '.join(f'{c.model} {c.load}' for c in CASES)}; after "
               f"{sizes.warmup} warm-up). A model's LitServe and Fibermill (Redis, API, worker: "
               f"a stack of its own per model) are up together and measured in turns: "
-              f"{sizes.rounds} c=32 rounds each, alternating (A B, B A, ...), as are static "
+              f"{sizes.rounds} c=32 rounds each, alternating with each other and with a sitting "
+              f"of `generate` in process (A B C, C B A, ...), as are static "
               f"batching's mixed rounds (each in a fresh interpreter, the stack idle) and "
               f"Fibermill's; the round with the median req/s is reported (its latencies too), "
               f"and a ratio between contenders that ran in turns is the median of their rounds' "
-              f"ratios. In process (generate, the engine): measured at the start and at the "
-              f"end of the run with no server up, the faster sitting reported; after one "
+              f"ratios. In process (generate's best sitting, the engine): measured at the "
+              f"start and at the end of the run with no server up, the faster sitting "
+              f"reported; after one "
               f"warm-up batch, batches of {BATCH} repeated at least {sizes.reps} times and for "
               f"at least {MIN_SECONDS:g} s, each counted at the median batch time, and each "
               f"contender in a fresh interpreter of its own. The peers section took "

@@ -93,13 +93,14 @@ def test_report_shows_missing_measurements_as_dashes():
     budgets = [8, 100, 16, 64]
     results = {"sizes": bp.QUICK, "errors": ["LitServe is not installed"],
                "mixed_budgets": budgets, "seconds": 1.0,
-               ("tiny-gpt2", "generate"): load, ("tiny-gpt2", "fibermill c32"): load,
+               ("tiny-gpt2", "generate"): load, ("tiny-gpt2", "generate c32"): load,
+               ("tiny-gpt2", "fibermill c32"): load,
                ("mixed", "fibermill"): bp.Load(1.0, [0.1, 0.5, 0.2, 0.4], budgets)}
     text = "\n".join(bp.report(results))
-    generate = "| transformers `generate`, batches of 32, in process |"
+    generate = "| transformers `generate`, batches of 32, in process, best sitting |"
     assert f"{generate} 4 | 2.0 | 250.0 | 16 | - |" in text
     assert "| LitServe, c=32 | - | - | - | - | - |" in text
-    assert "| Fibermill c=32 / generate | 1.00x | - |" in text
+    assert "| Fibermill c=32 / generate (median of paired rounds) | 1.00x | - |" in text
     # short requests (8 and 16 new tokens) under load: 0.1 s and 0.2 s
     assert "| Fibermill end to end, c=32 | 4.0 | 188 | 150.0 | - | - | - |" in text
     assert "Not measured: LitServe is not installed" in text
