@@ -95,7 +95,7 @@ class JobError(BaseModel):
 class TextItem(BaseModel):
     kind: Literal["text"] = "text"
     prompt: str
-    max_new_tokens: int
+    max_new_tokens: int = Field(ge=1)  # the prefill makes one whatever the budget
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0

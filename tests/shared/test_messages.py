@@ -53,6 +53,11 @@ def test_a_message_decodes_to_what_was_encoded(message):
     assert type(message).decode(message.encode()) == message
 
 
+def test_a_text_item_asks_for_at_least_one_token():
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        TextItem(prompt="a", max_new_tokens=0)
+
+
 def test_a_sub_request_survives_the_celery_task_argument():
     for sub in (TEXT, IMAGE):
         assert SubRequest.from_task_arg(sub.task_args()[0]) == sub
