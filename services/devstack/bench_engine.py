@@ -28,6 +28,7 @@ import httpx
 from services.devstack.isolated import isolated, run_engine
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
+from services.devstack.rounds import alternate, paired_median
 
 FINAL = {"succeeded", "failed", "canceled"}
 ROUNDS = 3  # timed bursts per figure, after a warm-up one; the median is reported
@@ -93,25 +94,55 @@ async def _run_job_async(http: aiohttp.ClientSession, body: dict) -> None:
     assert job["status"] == "succeeded", job
 
 
+class BurstClient:
+    """Bursts of jobs from one asyncio client on aiohttp (which takes less of the CPU the
+    stack runs on than httpx does; bench_peers measures its loads the same way), its session
+    kept open on an event loop of its own between bursts, so other work can run in turns."""
+
+    def __init__(self, base_url: str, n: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.session = self.loop.run_until_complete(self._open(base_url, n))
+
+    @staticmethod
+    async def _open(base_url: str, n: int) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(base_url, connector=aiohttp.TCPConnector(limit=n),
+                                     timeout=aiohttp.ClientTimeout(total=120))
+
+    def burst(self, body: dict, n: int) -> float:
+        """Jobs per second for `n` jobs submitted at once."""
+        async def once() -> float:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(_run_job_async(self.session, body) for _ in range(n)))
+            return time.perf_counter() - t0
+
+        return n / self.loop.run_until_complete(once())
+
+    def __enter__(self) -> "BurstClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.run_until_complete(self.session.close())
+        self.loop.close()
+
+
 def burst(http: httpx.Client, body: dict, n: int) -> float:
     """Jobs per second for `n` jobs submitted at once, the median of ROUNDS bursts after a
-    warm-up one, from one asyncio client on aiohttp, which takes less of the CPU the stack
-    runs on than httpx does (bench_peers measures its loads the same way)."""
+    warm-up one."""
+    with BurstClient(str(http.base_url), n) as client:
+        client.burst(body, n)
+        return statistics.median(client.burst(body, n) for _ in range(ROUNDS))
 
-    async def main() -> list[float]:
-        connector = aiohttp.TCPConnector(limit=n)
-        timeout = aiohttp.ClientTimeout(total=120)
-        async with aiohttp.ClientSession(str(http.base_url), connector=connector,
-                                         timeout=timeout) as ac:
-            await asyncio.gather(*(_run_job_async(ac, body) for _ in range(n)))
-            times = []
-            for _ in range(ROUNDS):
-                t0 = time.perf_counter()
-                await asyncio.gather(*(_run_job_async(ac, body) for _ in range(n)))
-                times.append(time.perf_counter() - t0)
-            return times
 
-    return n / statistics.median(asyncio.run(main()))
+def paired(http: httpx.Client, body: dict, n: int, model: str, item, threads: int | None
+           ) -> tuple[list[float], list[float]]:
+    """Bursts through the stack and sittings of the engine in process (a fresh interpreter,
+    the stack idle) in alternating rounds, after a warm-up burst: jobs/s of each, by round."""
+    with BurstClient(str(http.base_url), n) as client:
+        client.burst(body, n)
+        stack_rates, in_process_rates = alternate(ROUNDS, [
+            lambda: client.burst(body, n),
+            lambda: isolated(_in_process, model, item, n, threads)])
+    return stack_rates, in_process_rates
 
 
 def in_process(model: str, item, n: int) -> tuple[float, int | None]:
@@ -228,6 +259,9 @@ def run(n: int = 32, steady_jobs: int = 600) -> dict:
     }
     only_on = {"digits"}
     out: dict = {"n": n}
+    # In process, the faster of one intra-op thread and every core, chosen before the stacks.
+    for name, (model, _, item) in cases.items():
+        out[(name, "in-process threads")] = in_process(model, item, n)[1]
     groups: dict[int | None, list[str]] = {}
     for name, (model, _, _) in cases.items():
         groups.setdefault(STACK_THREADS[model], []).append(name)
@@ -239,16 +273,21 @@ def run(n: int = 32, steady_jobs: int = 600) -> dict:
             models = ",".join(cases[x][0] for x in here)
             with stack(models, batching, threads) as (http, metrics_url):
                 for name in here:
-                    model, body, _ = cases[name]
+                    model, body, item = cases[name]
                     before = scrape(metrics_url)
-                    out[(name, batching)] = burst(http, body, n)
+                    if batching:
+                        rates = paired(http, body, n, model, item,
+                                       out[(name, "in-process threads")])
+                        out[(name, True)] = statistics.median(rates[0])
+                        out[(name, "in-process")] = statistics.median(rates[1])
+                        out[(name, "paired")] = paired_median(*rates)
+                    else:
+                        out[(name, False)] = burst(http, body, n)
                     after = scrape(metrics_url)
                     out[(name, batching, "batch")] = mean_batch(before, after, model)
                 if batching and "text" in here and "image" in here:
                     out["steady"] = steady_load(http, metrics_url, cases["text"][1],
                                                 cases["image"][1], steady_jobs)
-    for name, (model, _, item) in cases.items():
-        out[(name, "in-process")], out[(name, "in-process threads")] = in_process(model, item, n)
     return out
 
 
@@ -293,19 +332,23 @@ def report(r: dict) -> list[str]:
         ratio = f"{on / off:.2f}x" if off else "-"
         lines.append(f"| {label} | {_threads(STACK_THREADS[model])} | {off_cells} | {on:.1f} | "
                      f"{r[(name, True, 'batch')]:.1f} | {ratio} | {inproc:.1f} "
-                     f"({_threads(r[(name, 'in-process threads')])}) | {on / inproc:.2f}x |")
+                     f"({_threads(r[(name, 'in-process threads')])}) | "
+                     f"{r.get((name, 'paired'), on / inproc):.2f}x |")
     lines += [
         "",
         "For text, batching off means one cache slot (every sub-request decoded alone) and the",
         "mean batch is the rows prefilled together; they then decode continuously beside others.",
         "In-process is the same engine (batcher or decoder, pools) fed directly: no HTTP,",
-        "Redis or Celery; each model in a fresh interpreter, after three warm-up bursts, with",
-        "one intra-op thread and with every core, the faster kept. End to end, the API, Redis,",
+        "Redis or Celery; each sitting in a fresh interpreter, after three warm-up bursts, with",
+        "the faster of one intra-op thread and every core (chosen before the stacks run), in",
+        "turns with the stack's bursts (stack, in process; in process, stack; ...: the machine's",
+        "speed drifts), and end to end / in-process is the median of the rounds' ratios (the",
+        "stack idles while the engine runs in process). End to end, the API, Redis,",
         "the load generator and the model share the machine's cores (the stack's threads per",
         "model: STACK_THREADS says why); with a model this small the per-job cost of the queue",
         "path (HTTP, Celery publish, leases, results, joining) is what the ratio measures.",
-        f"Every figure is the median of {ROUNDS} bursts (in process: at least {ROUNDS} and",
-        f"{MIN_SECONDS:g} s' worth) after a warm-up burst.",
+        f"Every figure is the median of {ROUNDS} bursts or sittings (a sitting: the median of",
+        f"at least {ROUNDS} bursts and {MIN_SECONDS:g} s' worth) after a warm-up burst.",
     ]
     s = r["steady"]
     lines += ["", f"Steady load from {s['clients']} clients, after warm-up: latency of "

@@ -42,7 +42,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
 
 import aiohttp
 import yaml
@@ -50,6 +49,7 @@ import yaml
 from services.devstack import gpt2_6x256
 from services.devstack.isolated import isolated, run_engine
 from services.devstack.peer_servers import fibermill_stack, litserve_available, litserve_server
+from services.devstack.rounds import alternate, paired_median
 from shared.settings import REPO_ROOT
 
 FINAL = {"succeeded", "failed", "canceled"}
@@ -59,7 +59,6 @@ LITSERVE_BATCH_TIMEOUT = 0.01
 MIXED_RANGE = (8, 128)
 MIXED_SEED = 0
 SHORT = 16  # a mixed-workload request with at most this many new tokens is "short"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -397,25 +396,13 @@ def _log(msg: str) -> None:
     print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def alternate(rounds: int, contenders: Sequence[Callable[[], T]]) -> list[list[T]]:
-    """`rounds` rounds of every contender, the order reversed every other round (A B, B A,
-    A B, ...): on a machine whose speed drifts, round i of each ran in the same stretch of time,
-    so each round's ratio is fair even when the rounds are not alike."""
-    out: list[list[T]] = [[] for _ in contenders]
-    for r in range(rounds):
-        order = range(len(contenders))
-        for i in (order if r % 2 == 0 else reversed(order)):
-            out[i].append(contenders[i]())
-    return out
-
-
 def paired_ratio(a: Load | None, b: Load | None) -> float | None:
     """The median over rounds of `a`'s req/s over `b`'s, round i with round i (they ran side by
     side, see `alternate`); without paired rounds, the ratio of the two loads."""
     if a is None or b is None:
         return None
     if a.rounds and len(a.rounds) == len(b.rounds):
-        return statistics.median(x / y for x, y in zip(a.rounds, b.rounds, strict=True))
+        return paired_median(a.rounds, b.rounds)
     return a.rps / b.rps if b.rps else None
 
 

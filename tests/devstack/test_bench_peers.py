@@ -114,20 +114,6 @@ def test_fastest_is_the_highest_requests_per_second():
         bp.fastest([])
 
 
-def test_alternate_reverses_the_order_every_other_round():
-    calls = []
-
-    def contender(name: str):
-        def one_round() -> str:
-            calls.append(name)
-            return f"{name}{sum(1 for c in calls if c == name)}"
-        return one_round
-
-    out = bp.alternate(3, [contender("a"), contender("b")])
-    assert calls == ["a", "b", "b", "a", "a", "b"]
-    assert out == [["a1", "a2", "a3"], ["b1", "b2", "b3"]]  # each contender's rounds in order
-
-
 def test_paired_ratio_is_the_median_of_the_rounds_ratios():
     # Round by round, a is 2x, 1.5x and 4x b; the medians of each side would give 1.0x.
     a = bp.median_round([bp.Load(1.0, [0.1] * n) for n in (4, 6, 16)])
