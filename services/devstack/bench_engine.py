@@ -18,15 +18,17 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import httpx
 
 from services.devstack.isolated import isolated, run_engine
-from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.processes import frozen, start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 from services.devstack.rounds import alternate, paired_median
 
@@ -52,22 +54,30 @@ def stack_env(redis_port: int, metrics_port: int, models: str, batching: bool) -
             "FIBERMILL_RATE_LIMIT_BURST": "100000"}
 
 
+@dataclass
+class Stack:
+    http: httpx.Client
+    metrics_url: str
+    procs: list[subprocess.Popen]  # each leads a process group of its own (see `frozen`)
+
+
 @contextmanager
-def stack(models: str, batching: bool, threads: int | None = None):
+def stack(models: str, batching: bool, threads: int | None = None) -> Iterator[Stack]:
     """A local stack (Redis, API, one CPU worker serving `models` with `threads` intra-op
-    threads, None: every core); yields (http, metrics url)."""
+    threads, None: every core), each process in a session of its own."""
     with tempfile.TemporaryDirectory() as tmp:
         rport, port, mport = free_port(), free_port(), free_port()
-        redis_proc = start_redis(rport, Path(tmp), appendonly=False)
+        redis_proc = start_redis(rport, Path(tmp), appendonly=False, start_new_session=True)
         env = {**stack_env(rport, mport, models, batching),
                **({} if threads is None else {"FIBERMILL_CPU_THREADS": str(threads)})}
-        workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        api = start_api(port, env)
+        workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        api = start_api(port, env, start_new_session=True)
         try:
             base = f"http://127.0.0.1:{port}"
             wait_ready(base, timeout=300, procs=[api, workers])
             with httpx.Client(base_url=base, timeout=120) as http:
-                yield http, f"http://127.0.0.1:{mport}/metrics"
+                yield Stack(http, f"http://127.0.0.1:{mport}/metrics", [api, workers, redis_proc])
         finally:
             stop([api, workers, redis_proc])
 
@@ -133,15 +143,20 @@ def burst(http: httpx.Client, body: dict, n: int) -> float:
         return statistics.median(client.burst(body, n) for _ in range(ROUNDS))
 
 
-def paired(http: httpx.Client, body: dict, n: int, model: str, item, threads: int | None
+def paired(st: Stack, body: dict, n: int, model: str, item, threads: int | None
            ) -> tuple[list[float], list[float]]:
     """Bursts through the stack and sittings of the engine in process (a fresh interpreter,
-    the stack idle) in alternating rounds, after a warm-up burst: jobs/s of each, by round."""
-    with BurstClient(str(http.base_url), n) as client:
+    the stack frozen: processes.frozen says why) in alternating rounds, after a warm-up burst:
+    jobs/s of each, by round."""
+
+    def sitting() -> float:
+        with frozen(st.procs):
+            return isolated(_in_process, model, item, n, threads)
+
+    with BurstClient(str(st.http.base_url), n) as client:
         client.burst(body, n)
-        stack_rates, in_process_rates = alternate(ROUNDS, [
-            lambda: client.burst(body, n),
-            lambda: isolated(_in_process, model, item, n, threads)])
+        stack_rates, in_process_rates = alternate(ROUNDS, [lambda: client.burst(body, n),
+                                                           sitting])
     return stack_rates, in_process_rates
 
 
@@ -271,12 +286,13 @@ def run(n: int = 32, steady_jobs: int = 600) -> dict:
             if not here:
                 continue
             models = ",".join(cases[x][0] for x in here)
-            with stack(models, batching, threads) as (http, metrics_url):
+            with stack(models, batching, threads) as st:
+                http, metrics_url = st.http, st.metrics_url
                 for name in here:
                     model, body, item = cases[name]
                     before = scrape(metrics_url)
                     if batching:
-                        rates = paired(http, body, n, model, item,
+                        rates = paired(st, body, n, model, item,
                                        out[(name, "in-process threads")])
                         out[(name, True)] = statistics.median(rates[0])
                         out[(name, "in-process")] = statistics.median(rates[1])
@@ -343,7 +359,7 @@ def report(r: dict) -> list[str]:
         "the faster of one intra-op thread and every core (chosen before the stacks run), in",
         "turns with the stack's bursts (stack, in process; in process, stack; ...: the machine's",
         "speed drifts), and end to end / in-process is the median of the rounds' ratios (the",
-        "stack idles while the engine runs in process). End to end, the API, Redis,",
+        "stack is frozen, SIGSTOP, while the engine runs in process). End to end, the API, Redis,",
         "the load generator and the model share the machine's cores (the stack's threads per",
         "model: STACK_THREADS says why); with a model this small the per-job cost of the queue",
         "path (HTTP, Celery publish, leases, results, joining) is what the ratio measures.",

@@ -24,9 +24,11 @@ that load against the same requests run alone.
 Clients are asyncio + aiohttp in this process: they share the two cores with the servers, and
 aiohttp's client takes about a quarter of httpx's CPU per request (0.55 against 2.0 ms here),
 which would otherwise come out of every server's share. A model's LitServe and Fibermill servers
-are up together and measured in turns, never at once: their c=32 rounds alternate (A B, B A,
-...), as do static batching's and Fibermill's mixed rounds, and a ratio between them is the
-median of the rounds' ratios. The machine's speed drifts by a third within an hour, so a ratio
+are up together and measured in turns, never at once (the one not taking its turn frozen with
+SIGSTOP: an idle server's polling would stall the other's OpenMP team): their c=32 rounds
+alternate (A B, B A, ...) with each other and with `generate` in process, as do static
+batching's and Fibermill's mixed rounds, and a ratio between them is the median of the
+rounds' ratios. The machine's speed drifts by a third within an hour, so a ratio
 of two figures taken minutes apart says more about the hour than about the servers.
 """
 
@@ -42,13 +44,19 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 import yaml
 
 from services.devstack import gpt2_6x256
 from services.devstack.isolated import isolated, run_engine
-from services.devstack.peer_servers import fibermill_stack, litserve_available, litserve_server
+from services.devstack.peer_servers import (
+    Server,
+    fibermill_stack,
+    litserve_available,
+    litserve_server,
+)
 from services.devstack.rounds import alternate, paired_median
 from shared.settings import REPO_ROOT
 
@@ -59,6 +67,7 @@ LITSERVE_BATCH_TIMEOUT = 0.01
 MIXED_RANGE = (8, 128)
 MIXED_SEED = 0
 SHORT = 16  # a mixed-workload request with at most this many new tokens is "short"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -438,68 +447,81 @@ def run(sizes: Sizes = FULL) -> dict:
         # One stack per model, as LitServe serves one: a worker serving both would run two
         # device threads, each with its own OpenMP team on the same two cores.
         for case in CASES:
-            with fibermill_stack(registry, [case.model], tmp, case.threads) as base:
-                _serve(case, dirs[case.model], tmp, base, sizes, out)
+            with fibermill_stack(registry, [case.model], tmp, case.threads) as stack:
+                _serve(case, dirs[case.model], tmp, stack, sizes, out)
                 if case is BIG:
-                    _mixed(big_dir, base, budgets, sizes, out)
+                    _mixed(big_dir, stack, budgets, sizes, out)
         in_process("end")
     out["seconds"] = time.perf_counter() - t_start
     return out
 
 
-def _serve(case: Case, model_dir: Path, tmp: Path, base: str, sizes: Sizes, out: dict) -> None:
-    """c=1 and c=32 against LitServe and the Fibermill stack at `base`, both up together (the
-    one idles while the other is measured), the c=32 rounds alternating."""
+def _turn(run: Callable[[], T], idle: Sequence[Server]) -> Callable[[], T]:
+    """`run`, with the servers in `idle` frozen while it runs (processes.frozen says why)."""
+    def turn() -> T:
+        with ExitStack() as stack:
+            for server in idle:
+                stack.enter_context(server.frozen())
+            return run()
+
+    return turn
+
+
+def _serve(case: Case, model_dir: Path, tmp: Path, stack: Server, sizes: Sizes,
+           out: dict) -> None:
+    """c=1 and c=32 against LitServe and the Fibermill `stack`, both up together and measured
+    in turns (the one frozen while the other runs), the c=32 rounds alternating with each
+    other and with sittings of `generate` in process (both servers frozen)."""
     n = case.new_tokens
-    fibermill = fibermill_send(case.model)
     c32 = [n] * sizes.c32 * case.load
 
     def c32_round(send, url: str) -> Callable[[], Load]:
         return lambda: run_loads(send, url, [("c32", [], BATCH, c32, 1)])["c32"]
 
     with ExitStack() as servers:
-        lbase = None
+        contenders = [("fibermill", fibermill_send(case.model), stack)]
         if litserve_available():
             try:
-                lbase = servers.enter_context(litserve_server(
+                litserve = servers.enter_context(litserve_server(
                     model_dir, tmp, BATCH, LITSERVE_BATCH_TIMEOUT, case.threads))
+                contenders.append(("litserve", litserve_send, litserve))
             except Exception as exc:  # report it and go on with Fibermill
                 out["errors"].append(f"LitServe on {case.model}: {exc!r}")
-        contenders = [("fibermill", fibermill, base)]
-        if lbase is not None:
-            contenders.append(("litserve", litserve_send, lbase))
-        for key, send, url in contenders:
+        up = [server for _, _, server in contenders]
+        for key, send, server in contenders:
             _log(f"{case.model}: {key} c=1, c=32 warm-up")
-            loads = run_loads(send, url, [("c1", [n] * 3, 1, [n] * sizes.c1, 1),
-                                          ("warm", [], BATCH, [n] * sizes.warmup, 1)])
+            others = [s for s in up if s is not server]
+            loads = _turn(lambda send=send, url=server.url: run_loads(send, url, [
+                ("c1", [n] * 3, 1, [n] * sizes.c1, 1),
+                ("warm", [], BATCH, [n] * sizes.warmup, 1)]), others)()
             out[(case.model, f"{key} c1")] = loads["c1"]
-        # The limit takes its turn too (in a fresh interpreter, both servers idle), so that
-        # Fibermill's ratio to it is paired like its ratio to LitServe.
-        turns = [c32_round(send, url) for _, send, url in contenders]
-        turns.append(lambda: isolated(measure_generate, model_dir, n, sizes.reps))
+        turns = [_turn(c32_round(send, server.url), [s for s in up if s is not server])
+                 for _, send, server in contenders]
+        turns.append(_turn(lambda: isolated(measure_generate, model_dir, n, sizes.reps), up))
         _log(f"{case.model}: c=32, {sizes.rounds} alternating rounds")
         rounds = alternate(sizes.rounds, turns)
         for key, loads in zip([k for k, _, _ in contenders] + ["generate"], rounds, strict=True):
             out[(case.model, f"{key} c32")] = median_round(loads)
 
 
-def _mixed(big_dir: Path, base: str, budgets: list[int], sizes: Sizes, out: dict) -> None:
+def _mixed(big_dir: Path, stack: Server, budgets: list[int], sizes: Sizes, out: dict) -> None:
     """The mixed-length workload: static batching with `generate` (each round in a fresh
-    interpreter, while the stack idles) and the stack at `base`, rounds alternating; then the
-    short requests alone on both."""
+    interpreter, the stack frozen) and the `stack`, rounds alternating; then the short
+    requests alone on both."""
     _log(f"mixed workload: {sizes.rounds} alternating rounds, static generate and Fibermill")
     send = fibermill_send(BIG.model)
-    run_loads(send, base, [("warm", [], BATCH, budgets[: sizes.warmup], 1)])
-    static, stack = alternate(sizes.rounds, [
-        lambda: isolated(measure_static_mixed, big_dir, budgets),
-        lambda: run_loads(send, base, [("mixed", [], BATCH, budgets, 1)])["mixed"]])
+    run_loads(send, stack.url, [("warm", [], BATCH, budgets[: sizes.warmup], 1)])
+    static, mixed = alternate(sizes.rounds, [
+        _turn(lambda: isolated(measure_static_mixed, big_dir, budgets), [stack]),
+        lambda: run_loads(send, stack.url, [("mixed", [], BATCH, budgets, 1)])["mixed"]])
     out[("mixed", "generate")] = median_round(static)
-    out[("mixed", "fibermill")] = median_round(stack)
+    out[("mixed", "fibermill")] = median_round(mixed)
     shorts = [b for b in budgets if b <= SHORT]
     if shorts:
-        out[("mixed", "generate alone")] = isolated(measure_alone, big_dir, shorts)
+        out[("mixed", "generate alone")] = _turn(
+            lambda: isolated(measure_alone, big_dir, shorts), [stack])()
         out[("mixed", "fibermill alone")] = run_loads(
-            send, base, [("alone", shorts[:1], 1, shorts, 1)])["alone"]
+            send, stack.url, [("alone", shorts[:1], 1, shorts, 1)])["alone"]
 
 
 # The report -----------------------------------------------------------------------------------
@@ -635,10 +657,11 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
     lines += ["", f"Requests per measurement: c=1 {sizes.c1}, c=32 {sizes.c32} x the model's "
               f"load factor ({', '.join(f'{c.model} {c.load}' for c in CASES)}; after "
               f"{sizes.warmup} warm-up). A model's LitServe and Fibermill (Redis, API, worker: "
-              f"a stack of its own per model) are up together and measured in turns: "
+              f"a stack of its own per model) are up together and measured in turns, the "
+              f"ones not taking their turn frozen (SIGSTOP): "
               f"{sizes.rounds} c=32 rounds each, alternating with each other and with a sitting "
               f"of `generate` in process (A B C, C B A, ...), as are static "
-              f"batching's mixed rounds (each in a fresh interpreter, the stack idle) and "
+              f"batching's mixed rounds (each in a fresh interpreter) and "
               f"Fibermill's; the round with the median req/s is reported (its latencies too), "
               f"and a ratio between contenders that ran in turns is the median of their rounds' "
               f"ratios. In process (generate's best sitting, the engine): measured at the "

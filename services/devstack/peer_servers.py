@@ -8,15 +8,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from services.devstack.bench_engine import stack_env
-from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.processes import frozen, start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 from shared.settings import REPO_ROOT
+
+
+@dataclass
+class Server:
+    url: str
+    procs: list[subprocess.Popen]  # each leads a process group of its own
+
+    def frozen(self) -> AbstractContextManager[None]:
+        """Every process of the server stopped for the block (while another takes its turn)."""
+        return frozen(self.procs)
 
 
 def litserve_available() -> bool:
@@ -32,10 +43,10 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 @contextmanager
 def litserve_server(model_dir: Path, logdir: Path, max_batch: int, batch_timeout: float,
-                    threads: int | None = None) -> Iterator[str]:
+                    threads: int | None = None) -> Iterator[Server]:
     """services/devstack/litserve_peer.py in its own session (LitServe starts several
-    processes, `threads` intra-op threads each); yields its base URL, and stops the whole
-    process group at the end."""
+    processes, `threads` intra-op threads each); yields it, and stops the whole process group
+    at the end."""
     port = free_port()
     log = logdir / f"litserve-{port}.log"
     cmd = [sys.executable, "-m", "services.devstack.litserve_peer", "--model-dir", str(model_dir),
@@ -59,7 +70,7 @@ def litserve_server(model_dir: Path, logdir: Path, max_batch: int, batch_timeout
             if time.time() > deadline:
                 raise TimeoutError(f"LitServe not healthy in 180 s:\n{_tail(log)}")
             time.sleep(0.2)
-        yield base
+        yield Server(base, [proc])
     finally:
         _stop_group(proc)
 
@@ -90,25 +101,28 @@ def _stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
 
 @contextmanager
 def fibermill_stack(registry: Path, models: Sequence[str], logdir: Path,
-                    threads: int | None = None) -> Iterator[str]:
+                    threads: int | None = None) -> Iterator[Server]:
     """Redis, the API and one CPU worker (`threads` intra-op threads) serving `models` from
-    `registry`; yields the API URL."""
+    `registry`, each in a session of its own; yields the stack (its URL: the API's)."""
     rport, port = free_port(), free_port()
-    redis_proc = start_redis(rport, logdir / f"redis-{rport}", appendonly=False)
+    redis_proc = start_redis(rport, logdir / f"redis-{rport}", appendonly=False,
+                             start_new_session=True)
     env = {**stack_env(rport, 0, ",".join(models), batching=True),
            "FIBERMILL_MODEL_REGISTRY": str(registry), "FIBERMILL_CPU_WORKERS": "1"}
     if threads is not None:
         env["FIBERMILL_CPU_THREADS"] = str(threads)
     wlog, alog = logdir / f"workers-{port}.log", logdir / f"api-{port}.log"
     with open(wlog, "wb") as wout, open(alog, "wb") as aout:
-        workers = start_workers(env, stdout=wout, stderr=subprocess.STDOUT)
-        api = start_api(port, env, stdout=aout, stderr=subprocess.STDOUT)
+        workers = start_workers(env, stdout=wout, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        api = start_api(port, env, stdout=aout, stderr=subprocess.STDOUT,
+                        start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
         try:
             wait_ready(base, timeout=300, procs=[api, workers])
         except (TimeoutError, RuntimeError) as exc:
             raise RuntimeError(f"{exc}\nworkers:\n{_tail(wlog)}\napi:\n{_tail(alog)}") from exc
-        yield base
+        yield Server(base, [api, workers, redis_proc])
     finally:
         stop([api, workers, redis_proc])
