@@ -57,6 +57,7 @@ from services.devstack.peer_servers import (
     litserve_available,
     litserve_server,
 )
+from services.devstack.processes import frozen
 from services.devstack.rounds import alternate, paired_median
 from shared.settings import REPO_ROOT
 
@@ -235,10 +236,9 @@ async def closed_loop(send: Callable[[int], Awaitable[int | None]], budgets: Seq
 
 
 def run_loads(make_send: Callable[[aiohttp.ClientSession], Callable[[int], Awaitable[int | None]]],
-              base_url: str, plan: Sequence[tuple[str, Sequence[int], int, Sequence[int], int]]
+              base_url: str, plan: Sequence[tuple[str, Sequence[int], int, Sequence[int]]]
               ) -> dict[str, Load]:
-    """Run each (name, warm-up budgets, concurrency, budgets, rounds) in turn against one
-    server; a load run in several rounds is reported by its median round."""
+    """Run each (name, warm-up budgets, concurrency, budgets) in turn against one server."""
 
     async def main() -> dict[str, Load]:
         connector = aiohttp.TCPConnector(limit=BATCH + 8)
@@ -246,11 +246,10 @@ def run_loads(make_send: Callable[[aiohttp.ClientSession], Callable[[int], Await
         async with aiohttp.ClientSession(base_url, connector=connector, timeout=timeout) as http:
             send = make_send(http)
             out = {}
-            for name, warmup, concurrency, budgets, rounds in plan:
+            for name, warmup, concurrency, budgets in plan:
                 if warmup:
                     await closed_loop(send, warmup, concurrency)
-                loads = [await closed_loop(send, budgets, concurrency) for _ in range(rounds)]
-                out[name] = median_round(loads)
+                out[name] = await closed_loop(send, budgets, concurrency)
             return out
 
     return asyncio.run(main())
@@ -459,9 +458,7 @@ def run(sizes: Sizes = FULL) -> dict:
 def _turn(run: Callable[[], T], idle: Sequence[Server]) -> Callable[[], T]:
     """`run`, with the servers in `idle` frozen while it runs (processes.frozen says why)."""
     def turn() -> T:
-        with ExitStack() as stack:
-            for server in idle:
-                stack.enter_context(server.frozen())
+        with frozen([proc for server in idle for proc in server.procs]):
             return run()
 
     return turn
@@ -476,7 +473,7 @@ def _serve(case: Case, model_dir: Path, tmp: Path, stack: Server, sizes: Sizes,
     c32 = [n] * sizes.c32 * case.load
 
     def c32_round(send, url: str) -> Callable[[], Load]:
-        return lambda: run_loads(send, url, [("c32", [], BATCH, c32, 1)])["c32"]
+        return lambda: run_loads(send, url, [("c32", [], BATCH, c32)])["c32"]
 
     with ExitStack() as servers:
         contenders = [("fibermill", fibermill_send(case.model), stack)]
@@ -492,8 +489,8 @@ def _serve(case: Case, model_dir: Path, tmp: Path, stack: Server, sizes: Sizes,
             _log(f"{case.model}: {key} c=1, c=32 warm-up")
             others = [s for s in up if s is not server]
             loads = _turn(lambda send=send, url=server.url: run_loads(send, url, [
-                ("c1", [n] * 3, 1, [n] * sizes.c1, 1),
-                ("warm", [], BATCH, [n] * sizes.warmup, 1)]), others)()
+                ("c1", [n] * 3, 1, [n] * sizes.c1),
+                ("warm", [], BATCH, [n] * sizes.warmup)]), others)()
             out[(case.model, f"{key} c1")] = loads["c1"]
         turns = [_turn(c32_round(send, server.url), [s for s in up if s is not server])
                  for _, send, server in contenders]
@@ -510,10 +507,10 @@ def _mixed(big_dir: Path, stack: Server, budgets: list[int], sizes: Sizes, out: 
     requests alone on both."""
     _log(f"mixed workload: {sizes.rounds} alternating rounds, static generate and Fibermill")
     send = fibermill_send(BIG.model)
-    run_loads(send, stack.url, [("warm", [], BATCH, budgets[: sizes.warmup], 1)])
+    run_loads(send, stack.url, [("warm", [], BATCH, budgets[: sizes.warmup])])
     static, mixed = alternate(sizes.rounds, [
         _turn(lambda: isolated(measure_static_mixed, big_dir, budgets), [stack]),
-        lambda: run_loads(send, stack.url, [("mixed", [], BATCH, budgets, 1)])["mixed"]])
+        lambda: run_loads(send, stack.url, [("mixed", [], BATCH, budgets)])["mixed"]])
     out[("mixed", "generate")] = median_round(static)
     out[("mixed", "fibermill")] = median_round(mixed)
     shorts = [b for b in budgets if b <= SHORT]
@@ -521,7 +518,7 @@ def _mixed(big_dir: Path, stack: Server, budgets: list[int], sizes: Sizes, out: 
         out[("mixed", "generate alone")] = _turn(
             lambda: isolated(measure_alone, big_dir, shorts), [stack])()
         out[("mixed", "fibermill alone")] = run_loads(
-            send, stack.url, [("alone", shorts[:1], 1, shorts, 1)])["alone"]
+            send, stack.url, [("alone", shorts[:1], 1, shorts)])["alone"]
 
 
 # The report -----------------------------------------------------------------------------------

@@ -8,14 +8,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from services.devstack.bench_engine import stack_env
-from services.devstack.processes import frozen, start_api, start_workers, stop, wait_ready
+from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 from shared.settings import REPO_ROOT
 
@@ -23,11 +23,7 @@ from shared.settings import REPO_ROOT
 @dataclass
 class Server:
     url: str
-    procs: list[subprocess.Popen]  # each leads a process group of its own
-
-    def frozen(self) -> AbstractContextManager[None]:
-        """Every process of the server stopped for the block (while another takes its turn)."""
-        return frozen(self.procs)
+    procs: list[subprocess.Popen]  # each leads a process group of its own (processes.frozen)
 
 
 def litserve_available() -> bool:
