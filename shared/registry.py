@@ -66,6 +66,9 @@ class ModelSpec(BaseModel):
     classes: list[list[str]] = []
     max_batch: int = Field(8, ge=1)
     max_wait_ms: int = Field(5, ge=0)
+    # Image models: an idle engine's partial batch waits this long past its newest item for
+    # the next one (engine/batcher.py), within max_wait_ms; 0: it starts at once.
+    linger_ms: int = Field(0, ge=0)
     pool_sets: int = Field(2, ge=0)
     # Backpressure: sub-requests waiting in this model's queue past which submits get a 503.
     max_queue_depth: int | None = Field(None, ge=1)

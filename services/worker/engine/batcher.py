@@ -12,6 +12,14 @@ queued, a busy one lets the next batch fill up while the device works, and a bur
 whole. An isolated item (its sub-request was on the device when a worker was lost) runs as a
 batch of one with nothing beside it in the pipeline, so that if it kills its worker again it is
 the only one to blame. Everything here runs on the event loop.
+
+A burst reaches the worker one Celery message at a time, and its first sub-request is often
+taken before anything else is announced: the API is still accepting the burst's other requests
+(measured: 32 digits jobs posted at once reached the batcher over 90 ms, with gaps of 20 ms
+after the first one to three). With `linger` (the registry's `linger_ms`, 0 by default), an
+idle engine's partial group also waits while items keep coming, each arrival giving the next
+one `linger` more, within `max_wait` from the oldest: Kafka's `linger.ms`, for models whose
+batch takes long enough that a few milliseconds' wait for a fuller one is cheap.
 """
 
 import asyncio
@@ -51,11 +59,14 @@ class Batcher:
         max_batch: int,
         max_wait_s: float,
         max_running: int = 2,
+        linger_s: float = 0.0,
     ) -> None:
         self._run_batch = run
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_running = max_running
+        self.linger_s = linger_s
+        self.newest = 0.0  # when the last item arrived
         self.pending: deque[Pending] = deque()
         self.running = 0
         self.isolated_running = False
@@ -69,8 +80,10 @@ class Batcher:
         future = asyncio.get_running_loop().create_future()
         if isolate:
             key = ("isolated", object())  # a group of its own
-        self.pending.append(Pending(item, key, should_stop, future, withdrawn=withdrawn,
-                                    tag=tag, isolate=isolate))
+        pending = Pending(item, key, should_stop, future, withdrawn=withdrawn, tag=tag,
+                          isolate=isolate)
+        self.pending.append(pending)
+        self.newest = pending.arrived
         self.pump()
         return future
 
@@ -100,11 +113,11 @@ class Batcher:
             group = self._next_group()
             if group[0].isolate and self.running:
                 return  # alone on the device: pumped again when the running batch ends
-            wait = group[0].arrived + self.max_wait_s - time.monotonic()
             if len(group) < self.max_batch and not group[0].isolate:
                 if self.running:
                     return  # grows while the device works; pumped again when a batch ends
-                if self.expected > 0 and wait > 0:
+                wait = self._wait(group[0])
+                if wait > 0:
                     self._timer = asyncio.get_running_loop().call_later(wait, self.pump)
                     return
             for p in group:
@@ -114,6 +127,15 @@ class Batcher:
             task = asyncio.ensure_future(self._run(group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _wait(self, oldest: Pending) -> float:
+        """How much longer an idle engine's partial group waits: for announced items, up to
+        `max_wait` from its oldest; else `linger` past the newest arrival, within the same."""
+        now = time.monotonic()
+        bound = oldest.arrived + self.max_wait_s - now
+        if self.expected > 0:
+            return bound
+        return min(bound, self.newest + self.linger_s - now)
 
     async def _run(self, group: list[Pending]) -> None:
         try:

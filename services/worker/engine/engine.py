@@ -52,7 +52,8 @@ class Engine:
         max_batch = spec.max_batch if batching else 1
         self.intake: Batcher | Decoder
         if isinstance(pipeline, GraphPipeline):
-            self.batcher = Batcher(self._run, max_batch, spec.max_wait_ms / 1000)
+            self.batcher = Batcher(self._run, max_batch, spec.max_wait_ms / 1000,
+                                   linger_s=spec.linger_ms / 1000)
             self.intake = self.batcher
         else:
             # Text decodes continuously: its decoder admits items between steps.

@@ -70,6 +70,67 @@ def test_wait_is_bounded_by_max_wait():
     assert rec.batches == [[1]]
 
 
+def test_an_idle_batcher_with_linger_waits_while_items_keep_coming():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_s=5.0, linger_s=0.1)
+        futures = []
+        for i in range(3):  # nothing announced: each arrival is a surprise
+            futures.append(b.submit(i, "k"))
+            await asyncio.sleep(0.03)  # within linger of the one before
+        assert rec.batches == []
+        return await asyncio.gather(*futures)
+
+    assert asyncio.run(main()) == [0, 10, 20]
+    assert rec.batches == [[0, 1, 2]]
+
+
+def test_a_gap_longer_than_linger_starts_the_batch():
+    rec = Recorder(delay=0.2)
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_s=5.0, max_running=1, linger_s=0.02)
+        first = b.submit(0, "k")
+        await asyncio.sleep(0.1)  # past linger: the first has left alone
+        assert rec.batches == [[0]]
+        return await asyncio.gather(first, b.submit(1, "k"))
+
+    assert asyncio.run(main()) == [0, 10]
+    assert rec.batches == [[0], [1]]
+
+
+def test_linger_is_bounded_by_max_wait_from_the_oldest():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=100, max_wait_s=0.1, linger_s=0.05)
+        futures = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.4:  # an arrival every 10 ms, for 0.4 s
+            futures.append(b.submit(len(futures), "k"))
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*futures)
+
+    asyncio.run(main())
+    assert len(rec.batches) >= 2  # the first left at max_wait, with arrivals still coming
+    assert sorted(i for batch in rec.batches for i in batch) == list(range(
+        sum(len(batch) for batch in rec.batches)))
+
+
+def test_linger_never_holds_a_full_group():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=2, max_wait_s=5.0, linger_s=5.0)
+        t0 = time.monotonic()
+        await asyncio.gather(b.submit(0, "k"), b.submit(1, "k"))
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 1.0
+    assert rec.batches == [[0, 1]]
+
+
 def test_batches_are_capped_at_max_batch_and_grouped_by_key():
     rec = Recorder(delay=0.05)
 
