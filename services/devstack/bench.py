@@ -5,8 +5,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,8 +14,7 @@ import redis
 
 from services.devstack import bench_engine, bench_openai, bench_outputs, bench_peers, bench_queue
 from services.devstack.bench_lifecycle import cancel_to_free, webhook_latency
-from services.devstack.processes import start_api, start_workers, stop, wait_ready
-from services.devstack.redis_server import free_port, start_redis
+from services.devstack.bench_stack import bench_stack
 from shared.settings import REPO_ROOT
 
 FINAL = {"succeeded", "failed", "canceled"}
@@ -60,40 +57,25 @@ def main() -> None:
     ap.add_argument("--peers", choices=("full", "quick", "skip"), default="full",
                     help="the peers section (bench_peers.py): full, a short smoke run, or none")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        rport, port = free_port(), free_port()
-        redis_proc = start_redis(rport, Path(tmp), appendonly=False)
-        env = {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
-               "FIBERMILL_WORKER_METRICS_PORT": "0", "FIBERMILL_LOG_LEVEL": "WARNING",
-               "FIBERMILL_WEBHOOK_ALLOW_PRIVATE": "true",
-               # The individual jobs the batch is measured against are not rate-limited.
-               "FIBERMILL_RATE_LIMIT_PER_MINUTE": "1000000",
-               "FIBERMILL_RATE_LIMIT_BURST": "100000"}
-        workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        api = start_api(port, env)
-        procs = [api, workers, redis_proc]
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_ready(base, timeout=300, procs=[api, workers])
-            with httpx.Client(base_url=base, timeout=60) as http:
-                rows = {
-                    "tiny-gpt2, 1 prompt, 8 new tokens": measure(http, {
-                        "task": "text-generation", "model": "tiny-gpt2",
-                        "input": {"prompts": ["Hello there"], "max_new_tokens": 8}}, args.n),
-                    "digits, 1 image, 50 steps": measure(http, {
-                        "task": "image-generation", "model": "digits",
-                        "input": {"prompts": ["7"], "seed": 1}}, args.n),
-                }
-                r = redis.Redis(port=rport)
-                lifecycle = {
-                    "cancel of a running 50-step digits image, until its worker lets go":
-                        cancel_to_free(http, r, 10),
-                    "`completed` webhook, from the job's completed_at to the receiver":
-                        webhook_latency(http, args.n),
-                }
-            oai = bench_openai.run(base)
-        finally:
-            stop(procs)
+    # Every model in the registry; webhooks to the benchmark's own receiver on localhost.
+    with (bench_stack(env={"FIBERMILL_WEBHOOK_ALLOW_PRIVATE": "true"}) as stack,
+          httpx.Client(base_url=stack.url, timeout=60) as http):
+        rows = {
+            "tiny-gpt2, 1 prompt, 8 new tokens": measure(http, {
+                "task": "text-generation", "model": "tiny-gpt2",
+                "input": {"prompts": ["Hello there"], "max_new_tokens": 8}}, args.n),
+            "digits, 1 image, 50 steps": measure(http, {
+                "task": "image-generation", "model": "digits",
+                "input": {"prompts": ["7"], "seed": 1}}, args.n),
+        }
+        r = redis.Redis(port=stack.redis_port)
+        lifecycle = {
+            "cancel of a running 50-step digits image, until its worker lets go":
+                cancel_to_free(http, r, 10),
+            "`completed` webhook, from the job's completed_at to the receiver":
+                webhook_latency(http, args.n),
+        }
+        oai = bench_openai.run(stack.url)
     outputs = bench_outputs.run(args.n)
     queue = bench_queue.run(n=400, clients=32)
     engine = bench_engine.run(n=args.burst)

@@ -14,22 +14,16 @@ Each figure is a ratio of two measurements taken in the same run on the same mac
 
 import asyncio
 import statistics
-import subprocess
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 import httpx
 
-from services.devstack.isolated import isolated, run_engine
-from services.devstack.processes import frozen, start_api, start_workers, stop, wait_ready
-from services.devstack.redis_server import free_port, start_redis
+from services.devstack.bench_stack import BenchStack, bench_stack
+from services.devstack.isolated import engine_bursts, isolated
+from services.devstack.processes import frozen
 from services.devstack.rounds import alternate, paired_median
 
 FINAL = {"succeeded", "failed", "canceled"}
@@ -41,45 +35,6 @@ MIN_SECONDS = 3.0  # in process, bursts are repeated for at least this long
 # tiny-gpt2 (bench_peers.Case.threads); digits' batches of 16 are worth both cores (9.1-10.2
 # against 7.5). Models with the same setting share a stack.
 STACK_THREADS = {"tiny-gpt2": 1, "tiny-sd": 1, "digits": None}
-
-
-def stack_env(redis_port: int, metrics_port: int, models: str, batching: bool) -> dict[str, str]:
-    """The environment of a benchmark stack's API and worker."""
-    return {"FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-            "FIBERMILL_WORKER_METRICS_PORT": str(metrics_port), "FIBERMILL_LOG_LEVEL": "WARNING",
-            "FIBERMILL_WORKER_MODELS": models,
-            "FIBERMILL_BATCHING": "true" if batching else "false",
-            # the bench submits bursts far past a client's default rate limit
-            "FIBERMILL_RATE_LIMIT_PER_MINUTE": "1000000",
-            "FIBERMILL_RATE_LIMIT_BURST": "100000"}
-
-
-@dataclass
-class Stack:
-    http: httpx.Client
-    metrics_url: str
-    procs: list[subprocess.Popen]  # each leads a process group of its own (see `frozen`)
-
-
-@contextmanager
-def stack(models: str, batching: bool, threads: int | None = None) -> Iterator[Stack]:
-    """A local stack (Redis, API, one CPU worker serving `models` with `threads` intra-op
-    threads, None: every core), each process in a session of its own."""
-    with tempfile.TemporaryDirectory() as tmp:
-        rport, port, mport = free_port(), free_port(), free_port()
-        redis_proc = start_redis(rport, Path(tmp), appendonly=False, start_new_session=True)
-        env = {**stack_env(rport, mport, models, batching),
-               **({} if threads is None else {"FIBERMILL_CPU_THREADS": str(threads)})}
-        workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-        api = start_api(port, env, start_new_session=True)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_ready(base, timeout=300, procs=[api, workers])
-            with httpx.Client(base_url=base, timeout=120) as http:
-                yield Stack(http, f"http://127.0.0.1:{mport}/metrics", [api, workers, redis_proc])
-        finally:
-            stop([api, workers, redis_proc])
 
 
 def run_job(http: httpx.Client, body: dict) -> float:
@@ -143,7 +98,7 @@ def burst(http: httpx.Client, body: dict, n: int) -> float:
         return statistics.median(client.burst(body, n) for _ in range(ROUNDS))
 
 
-def paired(st: Stack, body: dict, n: int, model: str, item, threads: int | None
+def paired(st: BenchStack, body: dict, n: int, model: str, item, threads: int | None
            ) -> tuple[list[float], list[float]]:
     """Bursts through the stack and sittings of the engine in process (a fresh interpreter,
     the stack frozen: processes.frozen says why) in alternating rounds, after a warm-up burst:
@@ -153,7 +108,7 @@ def paired(st: Stack, body: dict, n: int, model: str, item, threads: int | None
         with frozen(st.procs):
             return isolated(_in_process, model, item, n, threads)
 
-    with BurstClient(str(st.http.base_url), n) as client:
+    with BurstClient(st.url, n) as client:
         client.burst(body, n)
         stack_rates, in_process_rates = alternate(ROUNDS, [lambda: client.burst(body, n),
                                                            sitting])
@@ -170,43 +125,13 @@ def in_process(model: str, item, n: int) -> tuple[float, int | None]:
 
 
 def _in_process(model: str, item, n: int, threads: int | None) -> float:
-    """The median of bursts of `n` items (at least ROUNDS of them and MIN_SECONDS' worth)
-    after three warm-up bursts: the first bursts of a model are slower while the allocator
-    and the kernels' caches fill."""
-    import torch
-
-    from services.worker.engine.engine import Engine
-    from services.worker.pipelines.factory import build_pipeline
-    from services.worker.runtime import pick_device
+    """Jobs per second: the median of bursts of `n` items (at least ROUNDS of them and
+    MIN_SECONDS' worth) after three warm-up bursts."""
     from shared.registry import load_registry
     from shared.settings import get_settings
 
-    if threads is not None:
-        torch.set_num_threads(threads)
-    settings = get_settings()
-    spec = load_registry(settings.model_registry).get(model)
-    pipeline = build_pipeline(spec, pick_device(settings))
-    pipeline.setup()
-
-    async def once(engine: Engine) -> float:
-        with ExitStack() as stack:
-            # Announced together, as the worker announces the sub-requests it has taken.
-            arrivals = [stack.enter_context(engine.arrival()) for _ in range(n)]
-            t0 = time.perf_counter()
-            await asyncio.gather(*(a.submit(item) for a in arrivals))
-            return time.perf_counter() - t0
-
-    async def main() -> float:
-        engine = Engine(pipeline)
-        for _ in range(3):
-            await once(engine)
-        times: list[float] = []
-        t_start = time.perf_counter()
-        while len(times) < ROUNDS or time.perf_counter() - t_start < MIN_SECONDS:
-            times.append(await once(engine))
-        return n / statistics.median(times)
-
-    return run_engine(pipeline, main())
+    spec = load_registry(get_settings().model_registry).get(model)
+    return n / statistics.median(engine_bursts(spec, item, n, ROUNDS, MIN_SECONDS, threads).times)
 
 
 def scrape(url: str) -> str:
@@ -286,8 +211,9 @@ def run(n: int = 32, steady_jobs: int = 600) -> dict:
             if not here:
                 continue
             models = ",".join(cases[x][0] for x in here)
-            with stack(models, batching, threads) as st:
-                http, metrics_url = st.http, st.metrics_url
+            with (bench_stack(models, batching, threads) as st,
+                  httpx.Client(base_url=st.url, timeout=120) as http):
+                metrics_url = st.metrics_url
                 for name in here:
                     model, body, item = cases[name]
                     before = scrape(metrics_url)

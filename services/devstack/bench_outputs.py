@@ -15,7 +15,6 @@ the last byte:
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,9 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from services.devstack.bench_engine import stack_env
-from services.devstack.processes import start_api, start_workers, stop, wait_ready
-from services.devstack.redis_server import free_port, start_redis
+from services.devstack.bench_stack import bench_stack
 from services.devstack.s3_server import S3Server
 
 BACKENDS = {
@@ -48,25 +45,14 @@ def _s3() -> Iterator[str]:
         server.kill()
 
 
-@contextmanager
 def _stack(tmp: Path, s3_url: str | None, redirect: bool):
-    rport, port = free_port(), free_port()
-    redis_proc = start_redis(rport, tmp, appendonly=False)
-    env = stack_env(rport, 0, "tiny-sd", batching=True)
-    env["FIBERMILL_BLOB_DIR"] = str(tmp / "blobs")
+    env = {"FIBERMILL_BLOB_DIR": str(tmp / "blobs")}
     if s3_url:
         env |= {"FIBERMILL_BLOB_BACKEND": "s3", "FIBERMILL_S3_ENDPOINT_URL": s3_url,
                 "FIBERMILL_S3_BUCKET": "bench", "FIBERMILL_S3_CREATE_BUCKET": "true",
                 "FIBERMILL_S3_ACCESS_KEY_ID": "bench", "FIBERMILL_S3_SECRET_ACCESS_KEY": "bench",
                 "FIBERMILL_BLOB_PRESIGNED_REDIRECT": "true" if redirect else "false"}
-    workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    api = start_api(port, env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_ready(base, timeout=300, procs=[api, workers])
-        yield base
-    finally:
-        stop([api, workers, redis_proc])
+    return bench_stack("tiny-sd", env=env)
 
 
 def _fetch_times(base: str, n: int) -> dict:
@@ -97,8 +83,8 @@ def run(n: int = 30) -> dict[str, dict]:
     for name, how in BACKENDS.items():
         with (tempfile.TemporaryDirectory() as tmp,
               _s3() if how.get("s3") else nullcontext(None) as s3,
-              _stack(Path(tmp), s3, how.get("redirect", False)) as base):
-            out[name] = _fetch_times(base, n)
+              _stack(Path(tmp), s3, how.get("redirect", False)) as stack):
+            out[name] = _fetch_times(stack.url, n)
     return out
 
 

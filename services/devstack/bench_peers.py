@@ -50,13 +50,9 @@ import aiohttp
 import yaml
 
 from services.devstack import gpt2_6x256
-from services.devstack.isolated import isolated, run_engine
-from services.devstack.peer_servers import (
-    Server,
-    fibermill_stack,
-    litserve_available,
-    litserve_server,
-)
+from services.devstack.bench_stack import bench_stack
+from services.devstack.isolated import engine_bursts, isolated
+from services.devstack.peer_servers import Server, litserve_available, litserve_server
 from services.devstack.processes import frozen
 from services.devstack.rounds import alternate, paired_median
 from shared.settings import REPO_ROOT
@@ -361,40 +357,15 @@ def measure_alone(model_dir: Path, budgets: list[int]) -> Load:
 
 
 def measure_engine(registry: Path, model: str, new_tokens: int, reps: int) -> Load:
-    """Fibermill's engine fed directly: `reps` bursts of 32 items, each announced through
-    `Engine.arrival` before any is submitted (as the worker announces the sub-requests it has
-    taken), after one warm-up burst. A request's latency runs from its burst's start."""
-    from services.worker.engine.engine import Engine
-    from services.worker.pipelines.factory import build_pipeline
-    from services.worker.runtime import pick_device
+    """Fibermill's engine fed directly (isolated.engine_bursts): bursts of 32 items, at least
+    `reps` of them and MIN_SECONDS' worth. A request's latency is its burst's."""
     from shared.messages import TextItem
     from shared.registry import ModelRegistry
-    from shared.settings import get_settings
 
     spec = ModelRegistry.load(registry).get(model)
-    pipeline = build_pipeline(spec, pick_device(get_settings()))
-    pipeline.setup()
     item = TextItem(prompt=PROMPT, max_new_tokens=new_tokens)
-
-    async def burst(engine) -> list[int | None]:
-        with ExitStack() as stack:
-            arrivals = [stack.enter_context(engine.arrival()) for _ in range(BATCH)]
-            results = await asyncio.gather(*(a.submit(item) for a in arrivals))
-        return [getattr(r, "tokens", None) for r in results]
-
-    async def main() -> Load:
-        engine = Engine(pipeline)
-        await burst(engine)
-        times: list[float] = []
-        tokens: list[int | None] = []
-        t_start = time.perf_counter()
-        while len(times) < reps or time.perf_counter() - t_start < MIN_SECONDS:
-            t = time.perf_counter()
-            tokens += await burst(engine)
-            times.append(time.perf_counter() - t)
-        return median_load(times, tokens)
-
-    return run_engine(pipeline, main())
+    bursts = engine_bursts(spec, item, BATCH, reps, MIN_SECONDS)
+    return median_load(bursts.times, [getattr(r, "tokens", None) for r in bursts.results])
 
 
 # The run --------------------------------------------------------------------------------------
@@ -446,7 +417,9 @@ def run(sizes: Sizes = FULL) -> dict:
         # One stack per model, as LitServe serves one: a worker serving both would run two
         # device threads, each with its own OpenMP team on the same two cores.
         for case in CASES:
-            with fibermill_stack(registry, [case.model], tmp, case.threads) as stack:
+            env = {"FIBERMILL_MODEL_REGISTRY": str(registry), "FIBERMILL_CPU_WORKERS": "1"}
+            with bench_stack(case.model, threads=case.threads, env=env, logdir=tmp) as st:
+                stack = Server(st.url, st.procs)
                 _serve(case, dirs[case.model], tmp, stack, sizes, out)
                 if case is BIG:
                     _mixed(big_dir, stack, budgets, sizes, out)
@@ -663,8 +636,8 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
               f"and a ratio between contenders that ran in turns is the median of their rounds' "
               f"ratios. In process (generate's best sitting, the engine): measured at the "
               f"start and at the end of the run with no server up, the faster sitting "
-              f"reported; after one "
-              f"warm-up batch, batches of {BATCH} repeated at least {sizes.reps} times and for "
+              f"reported; after warm-up (generate: one batch; the engine: three bursts), "
+              f"batches of {BATCH} repeated at least {sizes.reps} times and for "
               f"at least {MIN_SECONDS:g} s, each counted at the median batch time, and each "
               f"contender in a fresh interpreter of its own. The peers section took "
               f"{r.get('seconds', 0):.0f} s."]

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m services.devstack.bench_queue -n 300 --clients 4
 
-Starts a local stack the way `bench_engine.stack()` does (Redis, API, one CPU worker serving
+Starts a local stack (bench_stack: Redis, API, one CPU worker serving
 tiny-gpt2), sends `n` one-prompt jobs (4 new tokens) from a few concurrent asyncio clients with
 `Prefer: wait=60`, and reports per job:
 
@@ -38,16 +38,14 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import suppress
 from pathlib import Path
 
 import httpx
 import redis
 
-from services.devstack.bench_engine import stack_env
-from services.devstack.processes import start_api, start_workers, stop, wait_ready
+from services.devstack.bench_stack import bench_stack
+from services.devstack.processes import stop
 from services.devstack.redis_server import free_port, start_redis
 
 FINAL = {"succeeded", "failed", "canceled"}
@@ -133,40 +131,6 @@ def children(pid: int) -> list[int]:
         if int(raw.rsplit(")", 1)[1].split()[1]) == pid:
             out.append(int(entry.name))
     return sorted(out)
-
-
-@dataclass
-class Stack:
-    base_url: str
-    redis_port: int
-    pids: dict[str, list[int]]  # role -> pids: api, worker, redis
-    metrics_url: str | None = None  # the first worker's /metrics
-    procs: list[subprocess.Popen] = field(default_factory=list)
-
-
-@contextmanager
-def local_stack(models: str = MODEL, batching: bool = True,
-                env_extra: dict[str, str] | None = None) -> Iterator[Stack]:
-    """Redis, the API and one CPU worker, as `bench_engine.stack()` starts them, with the pids
-    and the Redis port a measurement needs."""
-    with tempfile.TemporaryDirectory() as tmp:
-        rport, port, mport = free_port(), free_port(), free_port()
-        redis_proc = start_redis(rport, Path(tmp), appendonly=False)
-        env = {**stack_env(rport, mport, models, batching),
-               # one torch thread: the model's phase timings are then close to its CPU time
-               "OMP_NUM_THREADS": "1",
-               **(env_extra or {})}
-        workers = start_workers(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        api = start_api(port, env)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_ready(base, timeout=300, procs=[api, workers])
-            yield Stack(base, rport,
-                        {"api": [api.pid], "worker": children(workers.pid),
-                         "redis": [redis_proc.pid]},
-                        f"http://127.0.0.1:{mport}/metrics", [api, workers, redis_proc])
-        finally:
-            stop([api, workers, redis_proc])
 
 
 # Redis ----------------------------------------------------------------------------------------
@@ -299,9 +263,9 @@ def model_cpu_ms(clients: int = 4, n: int = 300, body: dict | None = None
                  ) -> tuple[float, float | None]:
     """CPU ms per item of the model alone, and its mean (prefill) batch: the same engine
     (intake, operator graph, pools) run in this process, fed by `clients` closed-loop
-    submitters, one torch thread as in `local_stack`. What the stack spends beyond this is the
-    queue path. With `clients` = 1 every item runs alone: an upper bound on the model's share,
-    whatever batches the stack formed."""
+    submitters, one torch thread as in the stack `run` measures. What the stack spends beyond
+    this is the queue path. With `clients` = 1 every item runs alone: an upper bound on the
+    model's share, whatever batches the stack formed."""
     import torch
 
     from services.worker import metrics
@@ -627,8 +591,10 @@ def run(n: int = 300, clients: int = 4, repeat: int = 3, monitor_jobs: int = 40,
         model: bool = True) -> dict:
     """The whole measurement on a stack of its own, with the in-process model run beside it
     (`model`) for the queue-path figure."""
-    with local_stack() as s:
-        r = measure(s.base_url, s.redis_port, s.pids, n, clients, s.metrics_url,
+    # One torch thread: the model's phase timings are then close to its CPU time.
+    with bench_stack(MODEL, env={"OMP_NUM_THREADS": "1"}) as s:
+        pids = {"api": [s.api.pid], "worker": children(s.workers.pid), "redis": [s.redis.pid]}
+        r = measure(s.url, s.redis_port, pids, n, clients, s.metrics_url,
                     monitor_jobs=monitor_jobs, repeat=repeat)
     if model:
         r["model_ms_per_job"], r["model_batch"] = model_cpu_ms(clients, n)

@@ -3,10 +3,10 @@
 import asyncio
 import concurrent.futures
 import multiprocessing
-from collections.abc import Coroutine
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
 
 
 def isolated(measure, *args):
@@ -19,12 +19,51 @@ def isolated(measure, *args):
         return pool.submit(measure, *args).result()
 
 
-def run_engine(pipeline: Any, main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)` for a measurement of `pipeline`'s engine, then the pipeline's
-    device thread is let go, so that the interpreter can exit."""
+@dataclass
+class Bursts:
+    times: list[float]  # seconds of each timed burst
+    results: list[Any]  # the timed bursts' results, in order
+
+
+def engine_bursts(spec: Any, item: Any, n: int, reps: int, min_seconds: float,
+                  threads: int | None = None, warmups: int = 3) -> Bursts:
+    """`spec`'s engine fed directly (pipeline + `Engine`, no HTTP, Redis or Celery): bursts of
+    `n` copies of `item`, announced together through `Engine.arrival` as the worker announces
+    the sub-requests it has taken, repeated at least `reps` times and for at least
+    `min_seconds`, after `warmups` untimed ones (a model's first bursts are slower while the
+    allocator and the kernels' caches fill). `threads`: intra-op threads (None: every core).
+    Call it through `isolated`."""
+    import torch
+
+    from services.worker.engine.engine import Engine
+    from services.worker.pipelines.factory import build_pipeline
+    from services.worker.runtime import pick_device
+    from shared.settings import get_settings
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    pipeline = build_pipeline(spec, pick_device(get_settings()))
+    pipeline.setup()
+
+    async def burst(engine: Engine) -> list[Any]:
+        with ExitStack() as stack:
+            arrivals = [stack.enter_context(engine.arrival()) for _ in range(n)]
+            return await asyncio.gather(*(a.submit(item) for a in arrivals))
+
+    async def main() -> Bursts:
+        engine = Engine(pipeline)
+        for _ in range(warmups):
+            await burst(engine)
+        out = Bursts([], [])
+        t_start = time.perf_counter()
+        while len(out.times) < reps or time.perf_counter() - t_start < min_seconds:
+            t = time.perf_counter()
+            out.results += await burst(engine)
+            out.times.append(time.perf_counter() - t)
+        return out
+
     try:
-        return asyncio.run(main)
+        return asyncio.run(main())
     finally:
-        executor = getattr(pipeline, "device_executor", None)
-        if executor is not None:
-            executor.shutdown(wait=True)
+        # The device thread is let go, so that the interpreter can exit.
+        pipeline.device_executor.shutdown(wait=True)

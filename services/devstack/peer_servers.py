@@ -1,5 +1,5 @@
-"""The servers the peers benchmark measures: LitServe (services/devstack/litserve_peer.py)
-and a Fibermill stack of its own, each started in its own processes and stopped with them."""
+"""LitServe as the peers benchmark serves it (services/devstack/litserve_peer.py), in its own
+processes, stopped with them; Fibermill's side is a bench_stack."""
 
 import importlib.util
 import os
@@ -7,16 +7,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from services.devstack.bench_engine import stack_env
-from services.devstack.processes import start_api, start_workers, stop, wait_ready
-from services.devstack.redis_server import free_port, start_redis
+from services.devstack.bench_stack import log_tail
+from services.devstack.redis_server import free_port
 from shared.settings import REPO_ROOT
 
 
@@ -28,13 +27,6 @@ class Server:
 
 def litserve_available() -> bool:
     return importlib.util.find_spec("litserve") is not None
-
-
-def _tail(path: Path, chars: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
 
 
 @contextmanager
@@ -57,14 +49,14 @@ def litserve_server(model_dir: Path, logdir: Path, max_batch: int, batch_timeout
         deadline = time.time() + 180
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"LitServe exited with {proc.returncode}:\n{_tail(log)}")
+                raise RuntimeError(f"LitServe exited with {proc.returncode}:\n{log_tail(log)}")
             try:
                 if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.time() > deadline:
-                raise TimeoutError(f"LitServe not healthy in 180 s:\n{_tail(log)}")
+                raise TimeoutError(f"LitServe not healthy in 180 s:\n{log_tail(log)}")
             time.sleep(0.2)
         yield Server(base, [proc])
     finally:
@@ -93,32 +85,3 @@ def _stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
         signal_group(signal.SIGKILL)
     with suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-
-
-@contextmanager
-def fibermill_stack(registry: Path, models: Sequence[str], logdir: Path,
-                    threads: int | None = None) -> Iterator[Server]:
-    """Redis, the API and one CPU worker (`threads` intra-op threads) serving `models` from
-    `registry`, each in a session of its own; yields the stack (its URL: the API's)."""
-    rport, port = free_port(), free_port()
-    redis_proc = start_redis(rport, logdir / f"redis-{rport}", appendonly=False,
-                             start_new_session=True)
-    env = {**stack_env(rport, 0, ",".join(models), batching=True),
-           "FIBERMILL_MODEL_REGISTRY": str(registry), "FIBERMILL_CPU_WORKERS": "1"}
-    if threads is not None:
-        env["FIBERMILL_CPU_THREADS"] = str(threads)
-    wlog, alog = logdir / f"workers-{port}.log", logdir / f"api-{port}.log"
-    with open(wlog, "wb") as wout, open(alog, "wb") as aout:
-        workers = start_workers(env, stdout=wout, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        api = start_api(port, env, stdout=aout, stderr=subprocess.STDOUT,
-                        start_new_session=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(base, timeout=300, procs=[api, workers])
-        except (TimeoutError, RuntimeError) as exc:
-            raise RuntimeError(f"{exc}\nworkers:\n{_tail(wlog)}\napi:\n{_tail(alog)}") from exc
-        yield Server(base, [api, workers, redis_proc])
-    finally:
-        stop([api, workers, redis_proc])
