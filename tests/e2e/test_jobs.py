@@ -107,13 +107,18 @@ def test_sigkilled_worker_loses_nothing(stack):
     job = stack.submit({"task": "image-generation", "model": "digits",
                         "input": {"prompts": ["4", "5"], "steps": 800, "seed": 3}})
     deadline = time.time() + 60
-    owners = {}
-    while time.time() < deadline and not owners:
+    running = {}
+    while time.time() < deadline and not running:
         owners = {k.decode(): v.decode() for k, v in stack.redis.hgetall(names.LEASE_OWNERS).items()
                   if k.decode().startswith(job["id"])}
+        # Started on the device: an attempt is charged only then (a leased sub-request may
+        # still be waiting in its worker's batcher).
+        charged = {i.decode() for i, n in stack.redis.hgetall(names.attempts_key(job["id"])).items()
+                   if int(n) >= 1}
+        running = {m: o for m, o in owners.items() if m.rsplit(":", 1)[1] in charged}
         time.sleep(0.02)
-    assert owners, "no sub-request of the job started"
-    victim = int(next(iter(owners.values())).rsplit("/", 1)[1])
+    assert running, "no sub-request of the job started"
+    victim = int(next(iter(running.values())).rsplit("/", 1)[1])
     os.kill(victim, signal.SIGKILL)
     final = stack.wait(job["id"], timeout=180)
     assert final["status"] == "succeeded", (final, stack.logs())
