@@ -66,7 +66,6 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self.max_running = max_running
         self.linger_s = linger_s
-        self.newest = 0.0  # when the last item arrived
         self.pending: deque[Pending] = deque()
         self.running = 0
         self.isolated_running = False
@@ -80,10 +79,8 @@ class Batcher:
         future = asyncio.get_running_loop().create_future()
         if isolate:
             key = ("isolated", object())  # a group of its own
-        pending = Pending(item, key, should_stop, future, withdrawn=withdrawn, tag=tag,
-                          isolate=isolate)
-        self.pending.append(pending)
-        self.newest = pending.arrived
+        self.pending.append(Pending(item, key, should_stop, future, withdrawn=withdrawn,
+                                    tag=tag, isolate=isolate))
         self.pump()
         return future
 
@@ -130,12 +127,12 @@ class Batcher:
 
     def _wait(self, oldest: Pending) -> float:
         """How much longer an idle engine's partial group waits: for announced items, up to
-        `max_wait` from its oldest; else `linger` past the newest arrival, within the same."""
+        `max_wait` from its oldest; else `linger` past the newest item queued, within the same."""
         now = time.monotonic()
         bound = oldest.arrived + self.max_wait_s - now
         if self.expected > 0:
             return bound
-        return min(bound, self.newest + self.linger_s - now)
+        return min(bound, self.pending[-1].arrived + self.linger_s - now)
 
     async def _run(self, group: list[Pending]) -> None:
         try:
