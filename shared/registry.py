@@ -69,6 +69,9 @@ class ModelSpec(BaseModel):
     # Image models: an idle engine's partial batch waits this long past its newest item for
     # the next one (engine/batcher.py), within max_wait_ms; 0: it starts at once.
     linger_ms: int = Field(0, ge=0)
+    # Image models: run the denoiser with per-sample matrix products, so that an image's bytes
+    # are the same alone and batched (pipelines/batch_invariant.py; a few % slower).
+    batch_invariant: bool = False
     pool_sets: int = Field(2, ge=0)
     # Backpressure: sub-requests waiting in this model's queue past which submits get a 503.
     max_queue_depth: int | None = Field(None, ge=1)
@@ -84,6 +87,9 @@ class ModelSpec(BaseModel):
     def _classes_for_class_models(self) -> "ModelSpec":
         if self.kind == ModelKind.CLASS_DDPM and not self.classes:
             raise ValueError(f"model {self.name}: a class-ddpm model needs `classes`")
+        if self.batch_invariant and self.task != "image-generation":
+            # Text rows are equal alone and batched up to rounding only (docs/architecture.md).
+            raise ValueError(f"model {self.name}: `batch_invariant` is for image models")
         return self
 
 

@@ -59,6 +59,7 @@ def digits_pipeline() -> ClassDDPMImagePipeline:
         classes=CLASSES,
         defaults={"width": 16, "height": 16, "steps": 50, "guidance_scale": 2.0},
         max_batch=16,
+        batch_invariant=True,  # as the registry ships it
     )
     pipeline = ClassDDPMImagePipeline(spec, CPU)
     pipeline.setup()

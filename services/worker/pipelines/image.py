@@ -37,6 +37,7 @@ from services.worker.engine.buffers import BucketKey, capacity
 from services.worker.engine.graph import Graph
 from services.worker.engine.operator import Operator
 from services.worker.pipelines.base import GraphPipeline
+from services.worker.pipelines.batch_invariant import make_batch_invariant
 from services.worker.pipelines.image_operators import (
     Denoise,
     EncodeClassLabels,
@@ -101,6 +102,10 @@ class _LatentDiffusionPipeline(_ImagePipeline):
         )
         pipe.set_progress_bar_config(disable=True)
         self.pipe = pipe.to(self.device)
+        if self.spec.batch_invariant:
+            for component in pipe.components.values():
+                if isinstance(component, torch.nn.Module):
+                    make_batch_invariant(component)
         self.scale = pipe.vae_scale_factor
         self.decoder = self._decoder()
 
@@ -332,6 +337,8 @@ class ClassDDPMImagePipeline(_ImagePipeline):
             path, subfolder="unet", dtype=self.dtype, local_files_only=True
         ).to(self.device)
         self.unet.eval()
+        if self.spec.batch_invariant:
+            make_batch_invariant(self.unet)
         # Trained as a 1000-step DDPM; DDIM samples the same model well in tens of steps and,
         # with no added noise, needs no randomness beyond the starting noise.
         self.scheduler_config = DDIMScheduler.load_config(
