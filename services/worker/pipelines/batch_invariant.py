@@ -11,8 +11,11 @@ Here each sample gets a product of its own, all of one shape, in one batched cal
 same kernel sums every sample in the same order whatever the batch. A lone sample runs as a
 pair (`_Paired` says why). Elementwise ops, attention and the rest were already invariant: the
 tests check the digits UNet's output and whole SD and SDXL pipelines' bytes.
-The digits model runs as fast either way (within noise, batches of 1 and 16); tiny-sd lost
-about 15% alone and in bursts of 32, which is why it is a per-model choice in the registry.
+In process on two cores (AMD EPYC, each figure in a fresh interpreter): digits in batches of 16
+ran within noise of the plain layers (9.3-9.6 against 7.2-9.8 images/s at two threads, 5.9-6.1
+against 6.0 at one); alone, 2.2 against 2.5-2.7 images/s at two threads (the per-sample
+products cost more than they save on two rows). tiny-sd alone at one thread: 29 against 35
+images/s; in bursts of 32, within noise. So it is a per-model choice in the registry.
 """
 
 import torch
