@@ -69,8 +69,8 @@ class ModelSpec(BaseModel):
     # Image models: an idle engine's partial batch waits this long past its newest item for
     # the next one (engine/batcher.py), within max_wait_ms; 0: it starts at once.
     linger_ms: int = Field(0, ge=0)
-    # Image models: run the denoiser with per-sample matrix products, so that an image's bytes
-    # are the same alone and batched (pipelines/batch_invariant.py; a few % slower).
+    # Image models: swap the networks' layers for batch-invariant ones, so that an image's bytes
+    # are the same alone and batched (pipelines/batch_invariant.py has what it costs).
     batch_invariant: bool = False
     pool_sets: int = Field(2, ge=0)
     # Backpressure: sub-requests waiting in this model's queue past which submits get a 503.

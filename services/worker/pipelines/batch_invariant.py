@@ -41,9 +41,8 @@ class _Paired(nn.Module):
 def _memory_format(x: torch.Tensor) -> torch.memory_format:
     """The layout the kernels picked for `x`, for its pair to take the same path. A tensor with
     one channel (or one pixel) is both; PyTorch takes it as the plain one, so do we."""
-    if x.is_contiguous() or x.dim() != 4:
-        return torch.contiguous_format
-    if x.is_contiguous(memory_format=torch.channels_last):
+    if (x.dim() == 4 and not x.is_contiguous()
+            and x.is_contiguous(memory_format=torch.channels_last)):
         return torch.channels_last
     return torch.contiguous_format
 

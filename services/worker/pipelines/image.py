@@ -64,6 +64,17 @@ class _ImagePipeline(GraphPipeline):
         # seeds are per item too.
         return (item.width, item.height, item.steps, self.is_guided(item.guidance_scale))
 
+    def _setup(self) -> None:
+        self.load()
+        if self.spec.batch_invariant:
+            for model in self.models():
+                make_batch_invariant(model)
+        self.prepare()
+
+    def models(self) -> list[torch.nn.Module]:
+        """The loaded networks an image runs through."""
+        raise NotImplementedError
+
     def check_size(self, width: int, height: int) -> None:
         """Raise ValueError for an image size this model cannot make."""
         raise NotImplementedError
@@ -102,12 +113,11 @@ class _LatentDiffusionPipeline(_ImagePipeline):
         )
         pipe.set_progress_bar_config(disable=True)
         self.pipe = pipe.to(self.device)
-        if self.spec.batch_invariant:
-            for component in pipe.components.values():
-                if isinstance(component, torch.nn.Module):
-                    make_batch_invariant(component)
         self.scale = pipe.vae_scale_factor
         self.decoder = self._decoder()
+
+    def models(self) -> list[torch.nn.Module]:
+        return [c for c in self.pipe.components.values() if isinstance(c, torch.nn.Module)]
 
     def _load_options(self) -> dict:
         return {}
@@ -337,14 +347,15 @@ class ClassDDPMImagePipeline(_ImagePipeline):
             path, subfolder="unet", dtype=self.dtype, local_files_only=True
         ).to(self.device)
         self.unet.eval()
-        if self.spec.batch_invariant:
-            make_batch_invariant(self.unet)
         # Trained as a 1000-step DDPM; DDIM samples the same model well in tens of steps and,
         # with no added noise, needs no randomness beyond the starting noise.
         self.scheduler_config = DDIMScheduler.load_config(
             path, subfolder="scheduler", local_files_only=True
         )
         self.null_class = self.unet.config.num_class_embeds - 1
+
+    def models(self) -> list[torch.nn.Module]:
+        return [self.unet]
 
     def build_graph(self) -> Graph:
         return self._graph(
