@@ -56,6 +56,11 @@ async def claim(redis: aioredis.Redis, owner: str | None, key: str, digest: str,
     raw = await redis.get(_key(owner, key))
     if raw is None:
         return await claim(redis, owner, key, digest, entry)  # freed in between: try again
+    if raw.decode() == entry:
+        # Our own SET ran after all: its reply was lost to a timeout (a paused Redis) and the
+        # client's retry found the key taken. An entry names a fresh job id and its time, so
+        # no other request can have written the same one.
+        return None
     earlier = json.loads(raw)
     if earlier.get("digest") != digest:
         raise IdempotencyConflict(

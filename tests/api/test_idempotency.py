@@ -118,6 +118,16 @@ async def test_a_claim_still_in_progress_is_a_409_after_a_short_wait(claims, are
     assert await _entry(aredis, "k") == {"job": "slow", "digest": DIGEST, "stored": True}
 
 
+async def test_a_claim_set_by_our_own_lost_command_is_ours(claims, aredis, store):
+    """A SET whose reply timed out ran anyway; its retry finds our entry and must not wait
+    for a job that this very request has not created yet."""
+    ours = idempotency._entry("j1", DIGEST, stored=False)
+    await aredis.set(idempotency._key(OWNER, "k"), ours)
+    assert await idempotency.claim(aredis, OWNER, "k", DIGEST, ours) is None
+    other = idempotency._entry("j2", DIGEST, stored=False)
+    assert await idempotency.claim(aredis, OWNER, "k", DIGEST, other) is not None
+
+
 async def test_an_abandoned_claim_is_taken_over(claims, aredis, store):
     stale = idempotency._entry("never-stored", DIGEST, stored=False,
                                at=time.time() - idempotency.ABANDONED_SECONDS - 1)
