@@ -27,7 +27,7 @@ from services.devstack.chaos_load import Client, Tracker
 from services.devstack.chaos_receiver import Receiver, judge_webhooks
 from services.devstack.chaos_report import ChaosResult
 from services.devstack.chaos_stack import Stack
-from services.devstack.redis_server import free_port
+from services.devstack.redis_server import free_port, free_ports
 from shared.settings import REPO_ROOT
 
 QUIET_TIMEOUT = 240.0
@@ -64,7 +64,7 @@ def stack_env(cfg: ChaosConfig, secret: str) -> dict[str, str]:
         "FIBERMILL_HEARTBEAT_SECONDS": "0.5",
         "FIBERMILL_JANITOR_INTERVAL_SECONDS": "0.5",
         "FIBERMILL_WORKER_HEARTBEAT_TTL_SECONDS": "3",
-        "FIBERMILL_WORKER_METRICS_PORT": str(free_port()),
+        "FIBERMILL_WORKER_METRICS_PORT": str(free_ports(2)),  # the Stack's two workers
         "FIBERMILL_DRAIN_SECONDS": "2",
         "FIBERMILL_LOG_LEVEL": "WARNING",
         "FIBERMILL_WEBHOOK_SECRET": secret,

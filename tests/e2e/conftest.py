@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
-from services.devstack.redis_server import free_port
+from services.devstack.redis_server import free_port, free_ports
 
 FINAL = {"succeeded", "failed", "canceled"}
 
@@ -78,7 +78,7 @@ def launch_stack(env: dict, log_dir: Path, apis: int = 1, workers: int = 1):
 
 @pytest.fixture(scope="module")
 def stack(redis_server, model_dir, tmp_path_factory):
-    metrics_port = free_port()  # worker i serves on metrics_port + i
+    metrics_port = free_ports(2)  # worker i serves on metrics_port + i
     redis.Redis.from_url(redis_server.url).flushdb()
     env = {
         "FIBERMILL_REDIS_URL": redis_server.url,
