@@ -13,7 +13,7 @@ def _ephemeral_start() -> int:
 
 def test_free_ports_are_consecutive_bindable_and_below_the_ephemeral_range():
     base = free_ports(3)
-    assert PORTS_FROM <= base and base + 3 <= PORTS_TO <= _ephemeral_start()
+    assert base >= PORTS_FROM and base + 3 <= PORTS_TO <= _ephemeral_start()
     socks = [socket.socket() for _ in range(3)]
     try:
         for i, s in enumerate(socks):
