@@ -278,6 +278,9 @@ class S3BlobStore(BlobStore):
             self._bucket_ready = not self.create_bucket
             stack, self._stack = self._stack, AsyncExitStack()
             await stack.aclose()
+            # aiohttp closes its connections' transports on the next loop pass; without one,
+            # a loop that ends now leaves them "closing", reported unclosed when collected.
+            await asyncio.sleep(0)
         # Free to be used again, from any event loop.
         self._lock = asyncio.Lock()
         self._loop = None
