@@ -93,6 +93,7 @@ class EventHub:
         self._confirmed: dict[str, asyncio.Event] = {}
         self._sync_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()  # unsubscribes under way
+        self._observers: list[Callable[[str], None]] = []
         self.connected = asyncio.Event()
 
     # Waiters --------------------------------------------------------------------------------
@@ -126,12 +127,20 @@ class EventHub:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
+    def observe_finals(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(job_id)` for every job heard final (the batch driver's wake-up); it
+        runs on the hub's loop and must not block. A message lost with the connection is not
+        heard: an observer reads the store on a timer of its own too."""
+        self._observers.append(callback)
+
     def finished_here(self, rec: JobRecord) -> None:
         """This replica made `rec` final: its waiters get the record as it is stored, and need
         not read it (one whose webhook deliveries matter, not read here, is only woken)."""
         item: Item = rec if rec.final and rec.meta.webhook is None else Wake.FINAL
         for listener in self._finals.get(rec.id, ()):
             listener.push(item)
+        if rec.final:
+            self._tell_observers(rec.id)
 
     @property
     def waiters(self) -> int:
@@ -186,9 +195,17 @@ class EventHub:
             self._remember(job_id)
             for listener in self._finals.get(job_id, ()):
                 listener.push(Wake.FINAL)
+            self._tell_observers(job_id)
         else:
             for listener in self._live.get(channel, ()):
                 listener.push(data)
+
+    def _tell_observers(self, job_id: str) -> None:
+        for callback in self._observers:
+            try:
+                callback(job_id)
+            except Exception:  # one observer's bug must not cost the waiters their wake-ups
+                log.exception("a final-job observer failed")
 
     def _remember(self, job_id: str) -> None:
         """Keep the job as heard final for a while: a waiter that registers just after (its

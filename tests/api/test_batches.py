@@ -18,9 +18,10 @@ from standardwebhooks import Webhook
 
 from services.api.app import create_app
 from services.api.auth import digest, key_id
-from services.api.batches.driver import BatchDriver
+from services.api.batches.driver import TICK_SECONDS, BatchDriver
 from services.api.batches.files import FileStore
 from services.api.batches.store import BatchStore
+from services.api.events import EventHub
 from services.api.submission import Submissions
 from shared import names
 from shared.blobstore.local import LocalBlobStore
@@ -239,10 +240,12 @@ class Env:
     registry: object
     settings: object
 
-    def driver(self, name: str, lease_ms: int = 15_000, **settings) -> BatchDriver:
+    def driver(self, name: str, lease_ms: int = 15_000, hub: EventHub | None = None,
+               tick_seconds: float = TICK_SECONDS, **settings) -> BatchDriver:
         s = self.settings.model_copy(update=settings) if settings else self.settings
         return BatchDriver(self.batches, self.files, self.blobs, self.store, self.submissions,
-                           self.lifecycle, self.registry, s, name, lease_ms=lease_ms)
+                           self.lifecycle, self.registry, s, name, lease_ms=lease_ms, hub=hub,
+                           tick_seconds=tick_seconds)
 
     async def batch(self, n: int, owner: str | None = "k1") -> str:
         content = jsonl(*(_completion(f"c{i}") for i in range(n)))
@@ -355,6 +358,52 @@ async def test_the_input_file_may_be_deleted_once_the_batch_runs(env):
     await driver.tick()
     h = await env.batches.find(batch_id)
     assert h["status"] == "completed" and h["completed"] == "2"
+
+
+async def _until(what: str, check, seconds: float = 10.0):
+    deadline = time.monotonic() + seconds
+    while not (value := await check()):
+        assert time.monotonic() < deadline, f"{what}: not within {seconds}s"
+        await asyncio.sleep(0.02)
+    return value
+
+
+async def test_lines_are_written_and_refilled_as_their_jobs_end_not_at_the_next_tick(env):
+    """Between ticks (an hour apart here) the driver hears each line's job become final on
+    the event hub, writes that line and submits the next; a batch created on this replica
+    starts at once, and one whose lines all ended completes."""
+    hub = EventHub(env.redis)
+    driver = env.driver("one", hub=hub, tick_seconds=3600, batch_max_in_flight=2)
+    tasks = [asyncio.create_task(hub.run()), asyncio.create_task(driver.run())]
+    try:
+        await asyncio.wait_for(hub.connected.wait(), 5)
+        await asyncio.sleep(0.1)  # the driver's first tick found nothing and now waits
+        batch_id = await env.batch(3)
+        first = await _until("two lines submitted", lambda: _submitted(env, batch_id, 2))
+        await env.succeed(first[0])
+        after = await _until("line 0 written, line 2 submitted",
+                             lambda: _submitted(env, batch_id, 2, without=0))
+        assert after[1] == first[1] and 2 in after
+        assert (await env.batches.find(batch_id))["completed"] == "1"
+        await env.succeed(after[1], after[2])
+        done = await _until("completed", lambda: _status(env, batch_id, "completed"))
+        assert done["completed"] == "3"
+        assert [x["custom_id"] for x in await env.lines(done["output_file_id"])] == \
+            ["c0", "c1", "c2"]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _submitted(env: Env, batch_id: str, n: int, without: int | None = None):
+    jobs = await env.jobs(batch_id)
+    return jobs if len(jobs) == n and without not in jobs else None
+
+
+async def _status(env: Env, batch_id: str, status: str):
+    h = await env.batches.find(batch_id)
+    return h if h is not None and h["status"] == status else None
 
 
 async def test_a_full_queue_puts_lines_off_and_loses_none(env):

@@ -14,6 +14,12 @@ last one stopped:
 - the output and error file ids are chosen once (kept in the batch's hash), so files written
   again after a crash replace the first ones.
 
+The driver steps each batch it holds every `TICK_SECONDS`, and between ticks as soon as it hears
+(from the API's event hub) that one of its lines' jobs is final: that line is written and the
+room it frees is filled at once, so a batch runs as fast as its jobs do, not a tick per window.
+A batch created or cancelled on this replica is taken up at once too. The tick still reads every
+pending line's job: a message missed while the hub reconnected costs a tick, not a line.
+
 At most `batch_max_in_flight` lines of a batch are submitted and not final at once; they run at
 `batch_priority`. A line the API refuses (InvalidInput) goes to the error file with the status
 and body the synchronous endpoint would have answered; a full queue (ServiceUnavailable) or a
@@ -39,6 +45,7 @@ from services.api.batches.files import (
 )
 from services.api.batches.store import FINAL, BatchStore, LeaseLost
 from services.api.batches.webhook import BatchWebhooks
+from services.api.events import EventHub
 from services.api.lifecycle import Lifecycle
 from services.api.openai import translate
 from services.api.openai.errors import error_body, openai_error
@@ -63,6 +70,9 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.5
+# Between ticks, a wake-up waits this long for more of its batch's jobs to end, so that a
+# window ending together is written and refilled in a few steps, not one step a job.
+GATHER_SECONDS = 0.01
 LEASE_MS = 15_000
 MAX_DRIVEN = 32  # batches one replica drives at once; the others wait for a replica
 SUBMIT_CONCURRENCY = 32
@@ -80,9 +90,21 @@ class Driven:
     content: bytes | None = None
     spans: list[jsonl.Span] = field(default_factory=list)
     pending: dict[int, str] = field(default_factory=dict)  # line index -> job id
+    jobs: set[str] = field(default_factory=set)  # the pending lines' job ids
+    heard: set[str] = field(default_factory=set)  # of those, heard final since its last step
     done: set[int] = field(default_factory=set)
     next: int = 0  # every line below it is submitted or done
     backoff_until: float = 0.0
+
+    def submitted(self, i: int, job_id: str) -> None:
+        self.pending[i] = job_id
+        self.jobs.add(job_id)
+
+    def settled(self, i: int) -> None:
+        job_id = self.pending.pop(i, None)
+        self.jobs.discard(job_id)  # type: ignore[arg-type]
+        self.heard.discard(job_id)  # type: ignore[arg-type]
+        self.done.add(i)
 
 
 def input_copy_key(batch_id: str, owner: str | None, created: int) -> str:
@@ -99,8 +121,8 @@ class BatchDriver:
     def __init__(self, batches: BatchStore, files: FileStore, blobs: BlobStore,
                  store: JobStore, submissions: Submissions, lifecycle: Lifecycle,
                  registry: ModelRegistry, settings: Settings, consumer: str, *,
-                 tick_seconds: float = TICK_SECONDS, lease_ms: int = LEASE_MS,
-                 max_driven: int = MAX_DRIVEN) -> None:
+                 hub: EventHub | None = None, tick_seconds: float = TICK_SECONDS,
+                 lease_ms: int = LEASE_MS, max_driven: int = MAX_DRIVEN) -> None:
         self.batches = batches
         self.files = files
         self.blobs = blobs
@@ -115,18 +137,71 @@ class BatchDriver:
         self.max_driven = max_driven
         self.held: dict[str, Driven] = {}
         self.webhooks = BatchWebhooks(batches.redis, batches, settings)
+        self._woken = asyncio.Event()  # a line's job ended, or a batch changed here
+        self._changed = False  # a batch was created or cancelled here: tick now
+        batches.watch(self._batch_changed)
+        if hub is not None:
+            hub.observe_finals(self._job_final)
+
+    def _batch_changed(self) -> None:
+        self._changed = True
+        self._woken.set()
+
+    def _job_final(self, job_id: str) -> None:
+        for d in self.held.values():
+            if job_id in d.jobs:
+                d.heard.add(job_id)
+                self._woken.set()
+                return
 
     async def run(self) -> None:
         try:
             while True:
                 await self.tick()
                 raise_if_cancelled()  # one its Redis calls dropped (shared/asyncio_compat.py)
-                await asyncio.sleep(self.tick_seconds)
+                await self._between_ticks(time.monotonic() + self.tick_seconds)
         finally:
             # Leaving (shutdown): hand the batches over now rather than when leases lapse.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._release_all(), 2.0)
             await self.webhooks.aclose()
+
+    async def _between_ticks(self, next_tick: float) -> None:
+        """Until `next_tick`, step the batches whose lines' jobs were heard final; return at
+        once when a batch was created or cancelled here."""
+        while not self._changed:
+            left = next_tick - time.monotonic()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._woken.wait()
+            if not self._woken.is_set():
+                return
+            # Cleared before stepping: a job heard final during the steps wakes the next wait.
+            self._woken.clear()
+            if self._changed:
+                break
+            await asyncio.sleep(GATHER_SECONDS)
+            for d in [d for d in self.held.values() if d.heard]:
+                try:
+                    await self._step_heard(d)
+                except LeaseLost:
+                    log.warning("batch %s: lease lost; another replica drives it", d.batch_id)
+                    self.held.pop(d.batch_id, None)
+                except Exception:  # the next tick reads every pending line again
+                    log.exception("batch %s: step between ticks failed", d.batch_id)
+                raise_if_cancelled()
+        self._changed = False
+
+    async def _step_heard(self, d: Driven) -> None:
+        """Write the lines whose jobs were heard final and submit the lines that makes room
+        for; anything else a batch may need (cancelling, expiry) is left to the tick."""
+        h = await self.batches.find(d.batch_id)
+        if (h is None or h["status"] != "in_progress" or d.content is None
+                or time.time() >= int(h["expires_at"])):
+            return
+        await self._advance_lines(d, h, heard=True)
 
     async def _release_all(self) -> None:
         for batch_id in list(self.held):
@@ -175,6 +250,9 @@ class BatchDriver:
             return False
         if status == "validating":
             await self._validate(d, h)
+            moved = await self.batches.find(d.batch_id)
+            if moved is None or moved["status"] != "validating":
+                return await self.step(d)  # in progress (its first lines go now) or failed
         elif not await self._load(d, h):
             pass
         elif status == "finalizing":
@@ -186,12 +264,21 @@ class BatchDriver:
             await self._stop(d, h, EXPIRED)
             await self._finish(d, h, "in_progress", "expired")
         else:
-            await self._poll(d)
-            await self._submit(d, h)
-            if len(d.done) >= len(d.spans) and await self.batches.transition(
-                    d.batch_id, "in_progress", "finalizing"):
-                await self._finish(d, h, "finalizing", "completed")
+            await self._advance_lines(d, h)
         return True
+
+    async def _advance_lines(self, d: Driven, h: dict[str, str], heard: bool = False) -> None:
+        """Write the lines whose jobs ended (those heard final, or all whose jobs are final),
+        submit more, and finish the batch when every line is done."""
+        if heard:
+            for i, job_id in [(i, j) for i, j in d.pending.items() if j in d.heard]:
+                await self._settle(d, i, job_id)
+        else:
+            await self._poll(d)
+        await self._submit(d, h)
+        if len(d.done) >= len(d.spans) and await self.batches.transition(
+                d.batch_id, "in_progress", "finalizing"):
+            await self._finish(d, h, "finalizing", "completed")
 
     # Validating -------------------------------------------------------------------------------
 
@@ -256,6 +343,7 @@ class BatchDriver:
             return False
         d.content, d.spans = content, jsonl.index(content)
         d.pending, d.done = await self.batches.progress(d.batch_id)
+        d.jobs = set(d.pending.values())
         d.next = 0
         self._advance(d)
         return True
@@ -294,8 +382,7 @@ class BatchDriver:
         else:
             ok, entry = self._answer(d.batch_id, line, rec, stopped)
         await self.batches.record_line(d.batch_id, self.me, i, ok, entry)
-        d.pending.pop(i, None)
-        d.done.add(i)
+        d.settled(i)
 
     def _answer(self, batch_id: str, line: jsonl.Line, rec: JobRecord,
                 stopped: tuple[str, str] | None) -> tuple[bool, dict[str, Any]]:
@@ -362,7 +449,7 @@ class BatchDriver:
             log.info("batch %s: submitting put off %.0fs: %s", d.batch_id, wait, exc)
             return
         await self.batches.record_job(d.batch_id, self.me, i, done.job.id)
-        d.pending[i] = done.job.id
+        d.submitted(i, done.job.id)
 
     # Ending -----------------------------------------------------------------------------------
 
@@ -423,4 +510,4 @@ def batch_driver(state: Any, settings: Settings, consumer: str) -> BatchDriver:
 
     return BatchDriver(batch_store(state, settings), file_store(state, settings), state.blobs,
                        state.store, state.submissions, state.lifecycle, state.registry,
-                       settings, consumer)
+                       settings, consumer, hub=state.hub)

@@ -10,6 +10,7 @@ webhook, the planned output file ids and the key of the batch's copy of its inpu
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -97,6 +98,9 @@ class BatchStore:
         self._record_line = redis.register_script(RECORD_LINE)
         self._record_job = redis.register_script(RECORD_JOB)
         self._renew = redis.register_script(RENEW)
+        # Told when this replica created or cancelled a batch: its driver acts now rather than
+        # at its next tick (another replica's driver finds it at its own tick).
+        self._watchers: list[Callable[[], None]] = []
         self._release = redis.register_script(RELEASE)
 
     async def create(self, input_file_id: str, endpoint: str, completion_window: str,
@@ -124,6 +128,7 @@ class BatchStore:
             pipe.expire(index, kept)
             pipe.sadd(names.BATCHES_ACTIVE, batch_id)
             await pipe.execute()
+        self._changed()
         return fields
 
     async def find(self, batch_id: str) -> dict[str, str] | None:
@@ -158,7 +163,17 @@ class BatchStore:
         return moved == 1
 
     async def cancel(self, batch_id: str) -> bool:
-        return await self.transition(batch_id, OPEN_STATUSES, "cancelling")
+        moved = await self.transition(batch_id, OPEN_STATUSES, "cancelling")
+        self._changed()
+        return moved
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` (it must not block) when this replica creates or cancels a batch."""
+        self._watchers.append(callback)
+
+    def _changed(self) -> None:
+        for callback in self._watchers:
+            callback()
 
     # Driving ---------------------------------------------------------------------------------
 
