@@ -9,6 +9,10 @@ from tests.ui.helpers import IMAGES_LOADED, choose, open_page
 pytestmark = pytest.mark.e2e
 
 PAGE_WIDTH = "document.documentElement.scrollWidth"
+# The recent jobs' table fits its card, rather than scrolling inside it.
+TABLE_FITS = """() => {
+  const wrap = document.querySelector('#recent').parentElement;
+  return wrap.scrollWidth <= wrap.clientWidth; }"""
 # The job's head and its outputs bar are on screen: the person sees that it runs.
 JOB_IN_VIEW = """() => {
   const card = document.querySelector('#job-card').getBoundingClientRect();
@@ -34,15 +38,13 @@ def test_phone_page_is_no_wider_than_the_screen_and_shows_the_form_first(phone, 
         phone.click("#submit")
         phone.wait_for_function(JOB_IN_VIEW)
         assert phone.evaluate(PAGE_WIDTH) <= PHONE["width"]
+        assert phone.evaluate(TABLE_FITS)  # a live row, with its Cancel button, fits too
         phone.wait_for_selector("#job-status.succeeded")
     phone.wait_for_function(IMAGES_LOADED, arg=1)
 
     assert phone.locator("#recent tbody tr").count() == 2
     assert phone.evaluate(PAGE_WIDTH) <= PHONE["width"]
-    # The table fits its card, rather than scrolling inside it.
-    assert phone.evaluate("""() => {
-      const wrap = document.querySelector('#recent').parentElement;
-      return wrap.scrollWidth <= wrap.clientWidth; }""")
+    assert phone.evaluate(TABLE_FITS)
     assert top(phone, "#submit-card") < top(phone, "#job-card") < top(phone, "#recent-card")
     screenshot(phone, "phone-after")
     assert phone.page_errors == []

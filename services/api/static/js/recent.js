@@ -111,7 +111,7 @@ export class RecentJobs {
       const live = !FINAL.has(job.status) && job.status !== "expired";
       const actions = cell(live ? button("cancel", "Cancel", "danger small", "Cancel this job")
         : "");
-      tr.append(open, cell(job.model || ""), status, cell(p ? `${p.done}/${p.total}` : ""),
+      tr.append(open, cell(job.model || "", "model"), status, cell(p ? `${p.done}/${p.total}` : "", "outputs"),
         cell(created, "when"), actions);
       return tr;
     }));
