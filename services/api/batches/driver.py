@@ -102,8 +102,9 @@ class Driven:
 
     def settled(self, i: int) -> None:
         job_id = self.pending.pop(i, None)
-        self.jobs.discard(job_id)  # type: ignore[arg-type]
-        self.heard.discard(job_id)  # type: ignore[arg-type]
+        if job_id is not None:
+            self.jobs.discard(job_id)
+            self.heard.discard(job_id)
         self.done.add(i)
 
 
