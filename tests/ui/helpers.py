@@ -2,6 +2,11 @@
 
 from tests.ui.conftest import API_KEY
 
+# After a submit: the new job's card, not the last one's (it still reads succeeded until the
+# POST is in); `known` is the ids shown before.
+NEW_JOB_SHOWN = """known => { const id = document.querySelector('#job-id');
+  return id && id.textContent && !known.includes(id.textContent) }"""
+
 IMAGES_LOADED = """n => {
   const imgs = [...document.querySelectorAll('#results img')];
   return imgs.length === n && imgs.every(i => i.complete && i.naturalWidth > 0);

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from shared.job_ids import new_job_id
-from tests.ui.helpers import IMAGES_LOADED, choose, job_posts, open_page
+from tests.ui.helpers import IMAGES_LOADED, NEW_JOB_SHOWN, choose, job_posts, open_page
 
 pytestmark = pytest.mark.e2e
 
@@ -55,10 +55,7 @@ def test_recent_jobs_link_to_their_jobs_and_back_goes_to_the_previous_one(page):
     for digit in ("3", "8"):
         choose(page, "digits", [digit])
         page.click("#submit")
-        # The new job's card, not the last one's: it still reads succeeded until the POST is in.
-        page.wait_for_function("known => { const id = document.querySelector('#job-id'); "
-                               "return id && id.textContent && !known.includes(id.textContent) }",
-                               arg=ids)
+        page.wait_for_function(NEW_JOB_SHOWN, arg=ids)
         page.wait_for_selector("#job-status.succeeded")
         ids.append(page.text_content("#job-id"))
     assert len(set(ids)) == 2

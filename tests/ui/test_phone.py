@@ -4,7 +4,7 @@ brought into view when it is submitted."""
 import pytest
 
 from tests.ui.conftest import PHONE
-from tests.ui.helpers import IMAGES_LOADED, choose, open_page
+from tests.ui.helpers import IMAGES_LOADED, NEW_JOB_SHOWN, choose, open_page
 
 pytestmark = pytest.mark.e2e
 
@@ -33,9 +33,12 @@ def test_phone_page_is_no_wider_than_the_screen_and_shows_the_form_first(phone, 
     open_page(phone)
     assert top(phone, "#submit-card") < top(phone, "#recent-card")
 
+    ids: list[str] = []
     for digit in ("3", "5"):
         choose(phone, "digits", [digit])
         phone.click("#submit")
+        phone.wait_for_function(NEW_JOB_SHOWN, arg=ids)
+        ids.append(phone.text_content("#job-id"))
         phone.wait_for_function(JOB_IN_VIEW)
         assert phone.evaluate(PAGE_WIDTH) <= PHONE["width"]
         assert phone.evaluate(TABLE_FITS)  # a live row, with its Cancel button, fits too

@@ -275,7 +275,14 @@ def test_staggered_arrivals_through_compaction_match_alone(model_dir: Path, loop
 
         return await asyncio.gather(*(one(it, d) for it, d in zip(items, delays, strict=True)))
 
-    assert loop.run(staggered()) == reference
+    got = loop.run(staggered())
+    # Arrival times decide which rows share a step, so a sampled row may meet the documented
+    # rounding flip (text_decoder.py: about one sampled row in 1,500; the 18 here draw from the
+    # whole vocabulary, 30 tokens each). A row misplaced by a compaction, or a draw that lost
+    # its place in its row's stream, would change most rows; greedy rows must all match.
+    differ = [i for i, (a, b) in enumerate(zip(got, reference, strict=True)) if a != b]
+    assert all(items[i].temperature > 0 for i in differ), differ
+    assert len(differ) <= 1, differ
     assert compactions > 0
 
 
