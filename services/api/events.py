@@ -128,9 +128,9 @@ class EventHub:
                 task.add_done_callback(self._tasks.discard)
 
     def observe_finals(self, callback: Callable[[str], None]) -> None:
-        """Call `callback(job_id)` for every job heard final (the batch driver's wake-up); it
-        runs on the hub's loop and must not block. A message lost with the connection is not
-        heard: an observer reads the store on a timer of its own too."""
+        """Call `callback(job_id)` for every job heard final on the final channel (the batch
+        driver's wake-up); it runs on the hub's loop and must not block. A message lost with
+        the connection is not heard: an observer reads the store on a timer of its own too."""
         self._observers.append(callback)
 
     def finished_here(self, rec: JobRecord) -> None:
@@ -139,8 +139,6 @@ class EventHub:
         item: Item = rec if rec.final and rec.meta.webhook is None else Wake.FINAL
         for listener in self._finals.get(rec.id, ()):
             listener.push(item)
-        if rec.final:
-            self._tell_observers(rec.id)
 
     @property
     def waiters(self) -> int:

@@ -250,9 +250,7 @@ class BatchDriver:
             await self.batches.retire(d.batch_id)
             return False
         if status == "validating":
-            await self._validate(d, h)
-            moved = await self.batches.find(d.batch_id)
-            if moved is None or moved["status"] != "validating":
+            if await self._validate(d, h):
                 return await self.step(d)  # in progress (its first lines go now) or failed
         elif not await self._load(d, h):
             pass
@@ -283,43 +281,45 @@ class BatchDriver:
 
     # Validating -------------------------------------------------------------------------------
 
-    async def _validate(self, d: Driven, h: dict[str, str]) -> None:
+    async def _validate(self, d: Driven, h: dict[str, str]) -> bool:
+        """Check the input file; True when the batch moved on (in progress, or failed)."""
         owner = _owner(h)
         meta = await self.files.find(h["input_file_id"])
         if meta is None or (owner is not None and meta.owner != owner):
-            await self._fail(d, "input_file_id", "file_not_found",
-                             f"input file {h['input_file_id']} was not found (deleted or "
-                             "expired)")
-            return
+            return await self._fail(d, "input_file_id", "file_not_found",
+                                    f"input file {h['input_file_id']} was not found (deleted "
+                                    "or expired)")
         if meta.purpose != BATCH:
-            await self._fail(d, "input_file_id", "invalid_file_purpose",
-                             f"input file {meta.id} has purpose {meta.purpose!r}, not 'batch'")
-            return
+            return await self._fail(d, "input_file_id", "invalid_file_purpose",
+                                    f"input file {meta.id} has purpose {meta.purpose!r}, "
+                                    "not 'batch'")
         try:
             content = await self.files.read(meta)
         except BlobNotFound:
-            await self._fail(d, "input_file_id", "file_not_found",
-                             f"the content of input file {meta.id} is gone")
-            return
+            return await self._fail(d, "input_file_id", "file_not_found",
+                                    f"the content of input file {meta.id} is gone")
         try:
             total = jsonl.check(content)
         except InvalidInput as exc:
-            await self._fail(d, "input_file_id", "invalid_request",
-                             *[p.message for p in exc.problems])
-            return
+            return await self._fail(d, "input_file_id", "invalid_request",
+                                    *[p.message for p in exc.problems])
         key = input_copy_key(d.batch_id, owner, int(h["created_at"]))
         await self.blobs.put(key, content, "application/jsonl")
         await self.batches.set_fields(d.batch_id, input_key=key)
-        if await self.batches.transition(d.batch_id, "validating", "in_progress", total=total):
-            log.info("batch %s: %d requests, in progress", d.batch_id, total)
+        if not await self.batches.transition(d.batch_id, "validating", "in_progress",
+                                             total=total):
+            return False  # cancelled meanwhile: the next step ends it as cancelled
+        log.info("batch %s: %d requests, in progress", d.batch_id, total)
+        return True
 
-    async def _fail(self, d: Driven, param: str, code: str, *messages: str) -> None:
+    async def _fail(self, d: Driven, param: str, code: str, *messages: str) -> bool:
         data = [{"code": code, "message": m, "param": param, "line": lines.line_of(m)}
                 for m in messages]
         errors = json.dumps({"object": "list", "data": data})
-        if await self.batches.transition(d.batch_id, "validating", "failed", errors=errors):
-            log.info("batch %s: failed: %s", d.batch_id, messages[0])
-        # else cancelled meanwhile: the next step ends it as cancelled
+        if not await self.batches.transition(d.batch_id, "validating", "failed", errors=errors):
+            return False  # cancelled meanwhile: the next step ends it as cancelled
+        log.info("batch %s: failed: %s", d.batch_id, messages[0])
+        return True
 
     async def _load(self, d: Driven, h: dict[str, str]) -> bool:
         """The batch's input and its lines' progress, once per driver; False when the batch

@@ -111,8 +111,8 @@ export class RecentJobs {
       const live = !FINAL.has(job.status) && job.status !== "expired";
       const actions = cell(live ? button("cancel", "Cancel", "danger small", "Cancel this job")
         : "");
-      tr.append(open, cell(job.model || "", "model"), status, cell(p ? `${p.done}/${p.total}` : "", "outputs"),
-        cell(created, "when"), actions);
+      tr.append(open, cell(job.model || "", "model"), status,
+        cell(p ? `${p.done}/${p.total}` : "", "outputs"), cell(created, "when"), actions);
       return tr;
     }));
   }
