@@ -117,22 +117,14 @@ def test_text_stress_equals_the_sequential_run(text_host):
         return original(admit)
 
     decoder._iterate = iterate
-    sampled, flipped = 0, 0
     try:
         for _ in range(3):
+            # Sampled rows too: their seeded draws lie at least 1.6e-5 from a boundary between
+            # two tokens, far beyond what the batch's rounding moves (text_decoder's docstring).
             for i, result in hammer(text_host, TEXT_ITEMS, PER_ROUND):
-                if TEXT_ITEMS[i].temperature == 0:
-                    assert result == sequential[i]
-                    continue
-                # A sampled row may pick another token where its seeded draw lands within
-                # rounding of a boundary between two (text_decoder's docstring): about one
-                # in 1,500 here. Anything more is rows mixed up, not rounding.
-                sampled += 1
-                flipped += result != sequential[i]
-                assert result.prompt_tokens == sequential[i].prompt_tokens
+                assert result == sequential[i], TEXT_ITEMS[i]
     finally:
         del decoder._iterate
-    assert flipped <= sampled // 100, f"{flipped} of {sampled} sampled rows differ"
     assert widest > 1, "rows really ran together"
     assert widest <= decoder.slots, "never more rows than slots"
     assert not decoder.running and decoder.cache.column == 0
