@@ -2,8 +2,6 @@
 docs/benchmarks.md with the machine and the date."""
 
 import argparse
-import os
-import platform
 import statistics
 import time
 from datetime import UTC, datetime
@@ -15,6 +13,7 @@ import redis
 from services.devstack import bench_engine, bench_openai, bench_outputs, bench_peers, bench_queue
 from services.devstack.bench_lifecycle import cancel_to_free, webhook_latency
 from services.devstack.bench_stack import bench_stack
+from services.devstack.machine import machine
 from shared.settings import REPO_ROOT
 
 FINAL = {"succeeded", "failed", "canceled"}
@@ -35,18 +34,6 @@ def measure(http: httpx.Client, body: dict, n: int) -> dict:
     xs = sorted(run_job(http, body) for _ in range(n))
     return {"n": n, "median": statistics.median(xs), "p90": xs[int(0.9 * (n - 1))],
             "min": xs[0], "max": xs[-1]}
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}, no GPU"
 
 
 def main() -> None:

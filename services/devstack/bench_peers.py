@@ -647,7 +647,7 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
 
 
 def main() -> None:
-    from services.devstack.bench import machine
+    from services.devstack.machine import machine
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run (few requests)")

@@ -18,7 +18,7 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from services.devstack import chaos_faults, chaos_jobs
@@ -27,6 +27,7 @@ from services.devstack.chaos_load import Client, Tracker
 from services.devstack.chaos_receiver import Receiver, judge_webhooks
 from services.devstack.chaos_report import ChaosResult
 from services.devstack.chaos_stack import Stack
+from services.devstack.machine import machine
 from services.devstack.redis_server import free_port, free_ports
 from shared.settings import REPO_ROOT
 
@@ -267,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     table = result.markdown()
     print(table)
     if a.out:
-        a.out.write_text(table)
+        when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        header = (f"<!-- Written by `make chaos` (services/devstack/chaos.py) on {machine()}, "
+                  f"{when}. What it means: docs/reliability.md. -->")
+        a.out.write_text(f"{header}\n\n{table}")
     return 0 if result.ok else 1
 
 

@@ -510,14 +510,13 @@ def test_a_wider_prompt_joining_keeps_the_running_rows_whole(
     running = TextItem(prompt=PROMPTS[6], max_new_tokens=40, temperature=0.9, seed=3)
     wide = TextItem(prompt=PROMPTS[1], max_new_tokens=2)
     reference = alone(pipeline, [running, wide])
-    decoder = pipeline.decoder
     cut_off = []  # decode steps whose window left out a running row's own columns
     update = text_cache.SlotCache.update
 
     def checking(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if layer_idx == 0 and self._cols.stop - self._cols.start == 1:
-            if self.valid[self._rows, :self._reads].any():
-                cut_off.append(self._cols.start)
+        decoding = layer_idx == 0 and self._cols.stop - self._cols.start == 1
+        if decoding and self.valid[self._rows, :self._reads].any():
+            cut_off.append(self._cols.start)
         return update(self, key_states, value_states, layer_idx, *args, **kwargs)
 
     monkeypatch.setattr(text_cache.SlotCache, "update", checking)
