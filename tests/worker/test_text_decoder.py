@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 from services.worker.engine import sync
 from services.worker.engine.batch import Batch
 from services.worker.engine.engine import Engine
-from services.worker.pipelines import text_cache
+from services.worker.pipelines import text_cache, text_decoder
 from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
 from services.worker.pipelines.text_decoder import STEPS_PER_READ, Decoder
@@ -466,8 +466,14 @@ def test_an_isolated_row_decodes_with_nothing_beside_it(pipeline: CausalLMTextPi
     assert started[0] == ["iso"] and later == ["o0", "o1", "o2"]
 
 
-def test_an_arrival_for_a_free_slot_joins_at_the_next_step(pipeline: CausalLMTextPipeline,
-                                                           loop: Loop):
+@pytest.mark.parametrize(("join_sooner_s", "rows"), [
+    (0.0, [1, 1, 2]),  # steps long enough: the iteration ends at the arrival's step
+    (3600.0, [1, 1, 1, 1, 2]),  # steps too short to be worth an extra iteration
+])
+def test_an_arrival_for_a_free_slot_joins_at_the_next_step_when_steps_are_long(
+        pipeline: CausalLMTextPipeline, loop: Loop, monkeypatch: pytest.MonkeyPatch,
+        join_sooner_s: float, rows: list[int]):
+    monkeypatch.setattr(text_decoder, "JOIN_SOONER_S", join_sooner_s)
     long = TextItem(prompt=PROMPTS[1], max_new_tokens=40)
     late = TextItem(prompt=PROMPTS[4], max_new_tokens=10)
     reference = alone(pipeline, [long, late])
@@ -497,8 +503,7 @@ def test_an_arrival_for_a_free_slot_joins_at_the_next_step(pipeline: CausalLMTex
         assert loop.run(scenario()) == reference
     finally:
         del decoder._step
-    # The iteration ended at the arrival's step instead of running its last two steps alone.
-    assert rows_per_step[:3] == [1, 1, 2]
+    assert rows_per_step[:len(rows)] == rows
 
 
 def test_a_wider_prompt_joining_keeps_the_running_rows_whole(

@@ -9,10 +9,10 @@ are taken, items wait; nothing is allocated past them.
 An iteration, on the model's device thread:
 
     admit (prefill the new rows) -> up to `STEPS_PER_READ` decode steps (fewer when an item
-    arrives for a free slot meanwhile) -> one read of the tokens made (the only host read,
-    counted in `sync`) -> push them through each row's EOS / stop / budget rules on the
-    host -> tell each row's `on_text` hook what it has now (pipelines/text_stream.py) ->
-    retire the rows that ended
+    arriving for a free slot would wait long for the rest: `_joins_sooner`) -> one read of
+    the tokens made (the only host read, counted in `sync`) -> push them through each row's
+    EOS / stop / budget rules on the host -> tell each row's `on_text` hook what it has now
+    (pipelines/text_stream.py) -> retire the rows that ended
 
 Rows never take more steps than the smallest budget left among them, so no row runs past its
 budget and its cache columns always fit. Greedy rows give `generate`'s tokens, sampled rows
@@ -52,8 +52,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Decode steps between two reads of the tokens: a row that ended waits at most this many
-# steps to retire. An arrival that finds a free slot ends the iteration at the next step.
+# steps to retire, and an arrival to join (`_joins_sooner` ends an iteration early for it).
 STEPS_PER_READ = 4
+# An arrival for a free slot ends the iteration after the step under way when the rest of the
+# iteration would take at least this long: about what an extra iteration costs the host
+# (its read, its pass through the event loop, a prefill of fewer rows).
+JOIN_SOONER_S = 0.002
 
 ShouldStop = Callable[[], bool]
 
@@ -124,6 +128,9 @@ class Decoder:
         self.running: list[Running] = []
         self.expected = 0  # sub-requests on their way (taken from the queue, not yet here)
         self.rounds = 0  # stop-hook rounds so far (one per prefill or decode step)
+        # A decode step's time, read included (on a GPU the read waits for the device), as
+        # the last iteration measured it.
+        self.step_seconds = 0.0
         self.on_start: OnStart | None = None
         self._task: asyncio.Task | None = None
         # Set by every pump (an arrival, a withdrawal, an announced arrival that will not
@@ -236,23 +243,34 @@ class Decoder:
             for step in range(1, steps + 1):
                 self._check_stops()
                 self._step(step)
-                if step < steps and self._can_admit():
+                if step < steps and self._joins_sooner(steps - step):
                     steps = step
                     break
             if steps:
                 self.p.observe("decode", time.perf_counter() - t0)
             if self.running:
                 self._read(steps)
+                if steps:
+                    self.step_seconds = (time.perf_counter() - t0) / steps
             return settles + self._retire()
 
-    def _can_admit(self) -> bool:
-        """Whether an item waits for a free slot: the iteration then ends after this step
-        and the item joins the next one. In the stack, each slot is empty from its row's
-        retirement until its client's next request is admitted, and waiting out the rest
-        of an iteration for it cost 5% of the 6x256 GPT-2's throughput at c=32. Read from
-        the device thread while the loop may append: a stale answer costs one read early,
-        or one iteration's wait."""
-        return len(self.waiting) > 0 and len(self.running) < self.slots
+    def _joins_sooner(self, steps_left: int) -> bool:
+        """Whether an item waits for a free slot and the iteration's other `steps_left` steps
+        would hold it long enough to end the iteration now (`JOIN_SOONER_S`). In the stack,
+        each slot stands empty from its row's retirement until its client's next request is
+        admitted: with 8 ms steps (the 6x256 GPT-2 at c=32), waiting out the iteration cost
+        5% of the throughput; with 0.3 ms steps (tiny-gpt2) the extra iterations cost more
+        than the wait. Read from the device thread while the loop may append: a stale answer
+        costs one read early, or one iteration's wait. An isolated item joins only an empty
+        decoder (`_admissible`), so it ends no iteration."""
+        if steps_left * self.step_seconds < JOIN_SOONER_S or len(self.running) >= self.slots:
+            return False
+        if any(r.waiting.isolate for r in self.running):
+            return False
+        try:
+            return not self.waiting[0].isolate
+        except IndexError:
+            return False
 
     def _check_stops(self) -> None:
         self.rounds += 1
