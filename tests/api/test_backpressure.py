@@ -126,3 +126,12 @@ async def test_a_replica_reads_a_queue_far_from_its_limit_at_most_once_a_second(
     assert "100 sub-requests queued" in str(err.value)
     with pytest.raises(InvalidInput):
         await depths.check(spec, 101)  # could never fit
+
+
+async def test_checks_that_need_a_read_while_one_is_under_way_share_it(aredis, model_dir):
+    spec = load_registry(model_dir / "registry.yaml").get("digits")
+    depths = QueueDepths(aredis, Settings(max_queue_depth=100))
+    await aredis.config_resetstat()
+    await asyncio.gather(*(depths.check(spec, 1) for _ in range(32)))
+    stats = await aredis.info("commandstats")
+    assert stats["cmdstat_llen"]["calls"] == len(priority_lists("digits"))  # one read
