@@ -259,8 +259,8 @@ class Decoder:
         would hold it long enough to end the iteration now (`JOIN_SOONER_S`). In the stack,
         each slot stands empty from its row's retirement until its client's next request is
         admitted: with 8 ms steps (the 6x256 GPT-2 at c=32), waiting out the iteration cost
-        5% of the throughput; with 0.3 ms steps (tiny-gpt2) the extra iterations cost more
-        than the wait. Read from the device thread while the loop may append: a stale answer
+        2-5% of the throughput; with tiny-gpt2's steps of about a millisecond, the extra
+        iterations cost more than the wait (docs/architecture.md). Read from the device thread while the loop may append: a stale answer
         costs one read early, or one iteration's wait. An isolated item joins only an empty
         decoder (`_admissible`), so it ends no iteration."""
         if steps_left * self.step_seconds < JOIN_SOONER_S or len(self.running) >= self.slots:
