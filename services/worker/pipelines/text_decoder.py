@@ -260,9 +260,10 @@ class Decoder:
         each slot stands empty from its row's retirement until its client's next request is
         admitted: with 8 ms steps (the 6x256 GPT-2 at c=32), waiting out the iteration cost
         2-5% of the throughput; with tiny-gpt2's steps of about a millisecond, the extra
-        iterations cost more than the wait (docs/architecture.md). Read from the device thread while the loop may append: a stale answer
-        costs one read early, or one iteration's wait. An isolated item joins only an empty
-        decoder (`_admissible`), so it ends no iteration."""
+        iterations cost more than the wait (docs/architecture.md). Read from the device
+        thread while the loop may append: a stale answer costs one read early, or one
+        iteration's wait. An isolated item joins only an empty decoder (`_admissible`), so
+        it ends no iteration."""
         if steps_left * self.step_seconds < JOIN_SOONER_S or len(self.running) >= self.slots:
             return False
         if any(r.waiting.isolate for r in self.running):
