@@ -85,8 +85,7 @@ class QueueDepths:
         return await asyncio.shield(task)
 
     def _read_done(self, model: str, task: asyncio.Task[int]) -> None:
-        if self._reading.get(model) is task:
-            del self._reading[model]
+        del self._reading[model]  # a new read starts only when none is under way
         if not task.cancelled():
             task.exception()  # retrieved here too, in case every waiter went away
 

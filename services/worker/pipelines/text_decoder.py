@@ -199,7 +199,7 @@ class Decoder:
     def _admissible(self) -> list[Waiting]:
         """Waiting items for the free slots, in order; an isolated one only alone."""
         admit: list[Waiting] = []
-        if any(r.waiting.isolate for r in self.running):
+        if self._runs_isolated():
             return admit
         while self.waiting and len(self.running) + len(admit) < self.slots:
             if self.waiting[0].isolate:
@@ -266,12 +266,15 @@ class Decoder:
         it ends no iteration."""
         if steps_left * self.step_seconds < JOIN_SOONER_S or len(self.running) >= self.slots:
             return False
-        if any(r.waiting.isolate for r in self.running):
-            return False
         try:
-            return not self.waiting[0].isolate
+            head = self.waiting[0]
         except IndexError:
             return False
+        return not head.isolate and not self._runs_isolated()
+
+    def _runs_isolated(self) -> bool:
+        """An isolated row runs: nothing joins it."""
+        return any(r.waiting.isolate for r in self.running)
 
     def _check_stops(self) -> None:
         self.rounds += 1
