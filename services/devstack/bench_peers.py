@@ -34,6 +34,7 @@ of two figures taken minutes apart says more about the hour than about the serve
 
 import argparse
 import asyncio
+import heapq
 import random
 import statistics
 import sys
@@ -51,7 +52,7 @@ import yaml
 
 from services.devstack import gpt2_6x256
 from services.devstack.bench_stack import bench_stack
-from services.devstack.isolated import engine_bursts, isolated
+from services.devstack.isolated import engine_bursts, engine_closed_loop, isolated
 from services.devstack.peer_servers import Server, litserve_available, litserve_server
 from services.devstack.processes import frozen
 from services.devstack.rounds import alternate, paired_median
@@ -130,6 +131,23 @@ def mixed_budgets(n: int, seed: int = MIXED_SEED, lo: int = MIXED_RANGE[0],
     """`n` budgets drawn uniformly from lo..hi (inclusive); the same seed gives the same list."""
     rng = random.Random(seed)
     return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def continuous_bound(budgets: Sequence[int], slots: int = BATCH) -> float:
+    """The most continuous batching can gain over static batching on `budgets` at equal step
+    time: the steps static batches of `slots` take (each to its longest budget) over the steps
+    `slots` slots take when each takes the next budget the moment it frees (a closed loop with
+    no time between an answer and the next request). With few requests the last ones decode
+    with few rows beside them, so this stays well below the endless stream's E[longest of
+    `slots`] / E[budget]. On a CPU a step of fewer rows is cheaper, which this leaves out."""
+    static = sum(max(budgets[i] for i in batch) for batch in static_batches(budgets, slots))
+    free = [0] * min(slots, len(budgets))  # the step at which each slot frees
+    end = 0
+    for budget in budgets:
+        done = heapq.heappop(free) + budget
+        end = max(end, done)
+        heapq.heappush(free, done)
+    return static / end if end else 0.0
 
 
 def static_batches(xs: Sequence[int], size: int = BATCH) -> list[list[int]]:
@@ -356,6 +374,18 @@ def measure_alone(model_dir: Path, budgets: list[int]) -> Load:
     return Load(time.perf_counter() - t0, latencies, tokens)
 
 
+def measure_engine_mixed(registry: Path, budgets: list[int]) -> Load:
+    """The mixed workload on Fibermill's engine fed directly (isolated.engine_closed_loop):
+    32 closed-loop clients awaiting the engine, after a warm-up pass of 32 requests."""
+    from shared.messages import TextItem
+    from shared.registry import ModelRegistry
+
+    spec = ModelRegistry.load(registry).get(BIG.model)
+    items = [TextItem(prompt=PROMPT, max_new_tokens=b) for b in budgets]
+    run = engine_closed_loop(spec, items, BATCH, items[:BATCH])
+    return Load(run.seconds, run.latencies, [getattr(x, "tokens", None) for x in run.results])
+
+
 def measure_engine(registry: Path, model: str, new_tokens: int, reps: int) -> Load:
     """Fibermill's engine fed directly (isolated.engine_bursts): bursts of 32 items, at least
     `reps` of them and MIN_SECONDS' worth. A request's latency is its burst's."""
@@ -407,9 +437,13 @@ def run(sizes: Sizes = FULL) -> dict:
                         ("generate", measure_generate, (dirs[case.model], n, sizes.reps)),
                         ("engine", measure_engine, (registry, case.model, n, sizes.reps))):
                     _log(f"{case.model}: {key} in process ({when})")
-                    load = isolated(measure, *args)
-                    earlier = out.get((case.model, key))
-                    out[(case.model, key)] = load if earlier is None else fastest([earlier, load])
+                    keep_faster((case.model, key), isolated(measure, *args))
+            _log(f"mixed workload: engine in process ({when})")
+            keep_faster(("mixed", "engine"), isolated(measure_engine_mixed, registry, budgets))
+
+        def keep_faster(key: tuple[str, str], load: Load) -> None:
+            earlier = out.get(key)
+            out[key] = load if earlier is None else fastest([earlier, load])
 
         in_process("start")
         if not litserve_available():
@@ -523,6 +557,17 @@ def _short_p50(load: Load | None, budgets: Sequence[int]) -> float | None:
     return percentile(xs, 0.5) if xs else None
 
 
+def _stream_bound(slots: int = BATCH) -> float:
+    """E[longest of `slots` budgets] / E[budget] for budgets uniform in MIXED_RANGE: what
+    continuous batching gains on an endless stream at equal step time."""
+    lo, hi = MIXED_RANGE
+    values = range(lo, hi + 1)
+    span = len(values)
+    longest = sum(v * (((v - lo + 1) / span) ** slots - ((v - lo) / span) ** slots)
+                  for v in values)
+    return longest / statistics.fmean(values)
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.1f}"
 
@@ -604,12 +649,16 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
               f"(<= {SHORT}).",
               "generate: static batches of 32 in arrival order, each padded to its longest "
               "budget. Fibermill: end to end,",
-              "c=32 closed loop. Short alone: the same short requests one at a time (generate: a "
-              "batch of one; Fibermill: c=1).", "",
+              "c=32 closed loop; its engine in process: the same 32 closed-loop clients awaiting "
+              "the engine directly (faster",
+              "sitting of the run's start and end). Short alone: the same short requests one at a "
+              "time (generate: a batch of",
+              "one; Fibermill: c=1).", "",
               "| contender | req/s | useful tokens/s | short p50 under load (ms) | "
               "short p50 alone (ms) | under load / alone | rounds (req/s) |",
               "|---|---|---|---|---|---|---|"]
     for label, key in (("transformers `generate`, static batches of 32", "generate"),
+                       ("Fibermill engine, in process, c=32", "engine"),
                        ("Fibermill end to end, c=32", "fibermill")):
         load, alone = r.get(("mixed", key)), r.get(("mixed", f"{key} alone"))
         if load is None:
@@ -622,8 +671,14 @@ def report(r: dict, header: bool = False, machine: str | None = None) -> list[st
                      f"{_rounds(load)} |")
     g, f = r.get(("mixed", "generate")), r.get(("mixed", "fibermill"))
     mixed_ratio = ratio(paired_ratio(f, g), 1.0)
+    engine = r.get(("mixed", "engine"))
     lines += ["", f"Mixed-length throughput, Fibermill / static `generate` (median of paired "
-              f"rounds): {mixed_ratio}; the rounds' ratios: {_pairs(f, g)}."]
+              f"rounds): {mixed_ratio}; the rounds' ratios: {_pairs(f, g)}. The engine in "
+              f"process / static `generate`: {ratio(engine and engine.rps, g and g.rps)}. "
+              f"The most continuous batching can gain on these {len(budgets)} requests at "
+              f"equal step time (`continuous_bound`: the last requests decode with few rows "
+              f"beside them): {continuous_bound(budgets):.2f}x; on an endless stream of such "
+              f"budgets, about {_stream_bound():.2f}x."]
     lines += ["", f"Requests per measurement: c=1 {sizes.c1}, c=32 {sizes.c32} x the model's "
               f"load factor ({', '.join(f'{c.model} {c.load}' for c in CASES)}; after "
               f"{sizes.warmup} warm-up). A model's LitServe and Fibermill (Redis, API, worker: "

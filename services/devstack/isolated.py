@@ -33,6 +33,65 @@ def engine_bursts(spec: Any, item: Any, n: int, reps: int, min_seconds: float,
     `min_seconds`, after `warmups` untimed ones (a model's first bursts are slower while the
     allocator and the kernels' caches fill). `threads`: intra-op threads (None: every core).
     Call it through `isolated`."""
+
+    async def burst(engine) -> list[Any]:
+        with ExitStack() as stack:
+            arrivals = [stack.enter_context(engine.arrival()) for _ in range(n)]
+            return await asyncio.gather(*(a.submit(item) for a in arrivals))
+
+    async def main(engine) -> Bursts:
+        for _ in range(warmups):
+            await burst(engine)
+        out = Bursts([], [])
+        t_start = time.perf_counter()
+        while len(out.times) < reps or time.perf_counter() - t_start < min_seconds:
+            t = time.perf_counter()
+            out.results += await burst(engine)
+            out.times.append(time.perf_counter() - t)
+        return out
+
+    return _with_engine(spec, threads, main)
+
+
+@dataclass
+class ClosedLoop:
+    seconds: float  # the timed pass, start to last answer
+    latencies: list[float]  # per item, in item order
+    results: list[Any]
+
+
+def engine_closed_loop(spec: Any, items: list[Any], concurrency: int, warmup: list[Any],
+                       threads: int | None = None) -> ClosedLoop:
+    """`spec`'s engine fed directly by `concurrency` closed-loop clients, each submitting the
+    next of `items` once its previous result is in (what the stack's clients do, without
+    HTTP, Redis or Celery between them and the engine), after an untimed pass over `warmup`.
+    Call it through `isolated`."""
+
+    async def passes(engine, todo: list[Any]) -> ClosedLoop:
+        latencies: list[float] = [0.0] * len(todo)
+        results: list[Any] = [None] * len(todo)
+        next_index = iter(range(len(todo)))
+
+        async def client() -> None:
+            for i in next_index:
+                t = time.perf_counter()
+                results[i] = await engine.submit(todo[i])
+                latencies[i] = time.perf_counter() - t
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(min(concurrency, len(todo)))))
+        return ClosedLoop(time.perf_counter() - t0, latencies, results)
+
+    async def main(engine) -> ClosedLoop:
+        if warmup:
+            await passes(engine, warmup)
+        return await passes(engine, items)
+
+    return _with_engine(spec, threads, main)
+
+
+def _with_engine(spec: Any, threads: int | None, run):
+    """`asyncio.run(run(engine))` on a fresh pipeline of `spec` set up in this process."""
     import torch
 
     from services.worker.engine.engine import Engine
@@ -45,22 +104,8 @@ def engine_bursts(spec: Any, item: Any, n: int, reps: int, min_seconds: float,
     pipeline = build_pipeline(spec, pick_device(get_settings()))
     pipeline.setup()
 
-    async def burst(engine: Engine) -> list[Any]:
-        with ExitStack() as stack:
-            arrivals = [stack.enter_context(engine.arrival()) for _ in range(n)]
-            return await asyncio.gather(*(a.submit(item) for a in arrivals))
-
-    async def main() -> Bursts:
-        engine = Engine(pipeline)
-        for _ in range(warmups):
-            await burst(engine)
-        out = Bursts([], [])
-        t_start = time.perf_counter()
-        while len(out.times) < reps or time.perf_counter() - t_start < min_seconds:
-            t = time.perf_counter()
-            out.results += await burst(engine)
-            out.times.append(time.perf_counter() - t)
-        return out
+    async def main():
+        return await run(Engine(pipeline))
 
     try:
         return asyncio.run(main())

@@ -38,6 +38,18 @@ def test_static_batches_keep_arrival_order():
     assert [i for b in batches for i in b] == list(range(70))
 
 
+def test_continuous_bound_counts_the_steps_each_way():
+    # Equal budgets: static batches waste nothing, so there is nothing to gain.
+    assert bp.continuous_bound([5] * 64, 32) == 1.0
+    # Two slots, budgets 1, 4, 1, 4: static batches take 4 + 4 steps. Continuously, slot A
+    # takes the first 1, the second 1 when it frees at step 1 and the second 4 at step 2
+    # (ending at 6), while slot B runs the first 4: 8 / 6.
+    assert bp.continuous_bound([1, 4, 1, 4], 2) == pytest.approx(8 / 6)
+    # The benchmark's 128 requests leave a tail: well below the endless stream's bound.
+    budgets = bp.mixed_budgets(128)
+    assert 1.3 < bp.continuous_bound(budgets) < bp._stream_bound() < 1.9
+
+
 def test_closed_loop_keeps_at_most_concurrency_in_flight():
     in_flight, most = 0, 0
     seen = []
@@ -95,7 +107,9 @@ def test_report_shows_missing_measurements_as_dashes():
                "mixed_budgets": budgets, "seconds": 1.0,
                ("tiny-gpt2", "generate"): load, ("tiny-gpt2", "generate c32"): load,
                ("tiny-gpt2", "fibermill c32"): load,
-               ("mixed", "fibermill"): bp.Load(1.0, [0.1, 0.5, 0.2, 0.4], budgets)}
+               ("mixed", "fibermill"): bp.Load(1.0, [0.1, 0.5, 0.2, 0.4], budgets),
+               ("mixed", "engine"): bp.Load(0.5, [0.05, 0.2, 0.1, 0.2], budgets),
+               ("mixed", "generate"): bp.Load(2.0, [0.4] * 4, budgets)}
     text = "\n".join(bp.report(results))
     generate = "| transformers `generate`, batches of 32, in process, best sitting |"
     assert f"{generate} 4 | 2.0 | 250.0 | 16 | - |" in text
@@ -103,6 +117,11 @@ def test_report_shows_missing_measurements_as_dashes():
     assert "| Fibermill c=32 / generate (median of paired rounds) | 1.00x | - |" in text
     # short requests (8 and 16 new tokens) under load: 0.1 s and 0.2 s
     assert "| Fibermill end to end, c=32 | 4.0 | 188 | 150.0 | - | - | - |" in text
+    assert "| Fibermill engine, in process, c=32 | 8.0 | 376 | 75.0 | - | - | - |" in text
+    assert "The engine in process / static `generate`: 4.00x." in text
+    bound = f"{bp.continuous_bound(budgets):.2f}x"
+    assert "at equal step time (`continuous_bound`: the last requests decode with few " in text
+    assert f"beside them): {bound};" in text
     assert "Not measured: LitServe is not installed" in text
 
 
