@@ -57,6 +57,8 @@ chaos: models
 	$(BIN)/python -m services.devstack.chaos --jobs 1000 --period 360 --steps 8 \
 	  --registry models/registry.yaml --out docs/chaos.md
 
-# On a machine with a CUDA GPU: the image graph against diffusers' own pipeline, sync counts.
+# On a machine with a CUDA GPU: the image graph against diffusers' own pipeline, sync counts,
+# and the text decoder against transformers' continuous batching and static generate.
 bench-gpu: $(STAMP)
 	$(BIN)/python -m services.devstack.bench_gpu --out docs/benchmarks-gpu.md
+	$(BIN)/python -m services.devstack.bench_decoders --out docs/benchmarks-gpu.md

@@ -14,8 +14,11 @@ NAME = "gpt2-6x256"
 TOKENIZER_FROM = REPO_ROOT / "models" / "tiny-gpt2"
 
 
-def build(out: Path, seed: int = 0, tokenizer_from: Path = TOKENIZER_FROM) -> Path:
-    """Write the model and its tokenizer to `out`; the same seed gives the same weights."""
+def build(out: Path, seed: int = 0, tokenizer_from: Path = TOKENIZER_FROM, layers: int = 6,
+          width: int = 256, heads: int = 4) -> Path:
+    """Write the model and its tokenizer to `out`; the same seed gives the same weights. Other
+    `layers`, `width` and `heads` give another GPT-2 shape on the same tokenizer (the GPU
+    benchmark's GPT-2 small: 12 x 768, 12 heads)."""
     # Imported here: the benchmark's report and helpers need no torch.
     import torch
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
@@ -26,9 +29,9 @@ def build(out: Path, seed: int = 0, tokenizer_from: Path = TOKENIZER_FROM) -> Pa
     config = GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=1024,
-        n_embd=256,
-        n_layer=6,
-        n_head=4,
+        n_embd=width,
+        n_layer=layers,
+        n_head=heads,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
