@@ -36,6 +36,7 @@ from pathlib import Path
 
 from services.devstack import gpt2_6x256
 from services.devstack.bench_peers import BATCH, mixed_budgets, static_batches
+from services.devstack.isolated import with_engine
 from shared.settings import REPO_ROOT
 
 SHAPES = {"gpt2": (12, 768, 12), "6x256": (6, 256, 4)}  # layers, width, heads
@@ -131,37 +132,28 @@ def run_transformers_cb(path: Path, device: str, dtype, budgets: list[int]) -> R
 def run_fibermill(path: Path, device: str, dtype, budgets: list[int]) -> Run:
     import torch
 
-    from services.worker.engine.engine import Engine
-    from services.worker.pipelines.text import CausalLMTextPipeline
     from shared.messages import TextItem
     from shared.registry import ModelSpec
 
     spec = ModelSpec(name="bench-decoder", kind="causal-lm", path=path, max_batch=BATCH,
                      pool_sets=1, dtype=str(dtype).removeprefix("torch."))
-    pipeline = CausalLMTextPipeline(spec, torch.device(device))
-    pipeline.setup()
     items = [TextItem(prompt=p, max_new_tokens=b)
              for p, b in zip(prompts(len(budgets)), budgets, strict=True)]
+    sync = _sync(device)
 
-    async def main() -> Run:
-        engine = Engine(pipeline)
-
+    async def main(engine) -> Run:
         async def everything(todo: list[TextItem]) -> tuple[list[str], list[int]]:
             results = await asyncio.gather(*(engine.submit(i) for i in todo))
             return [r.text for r in results], [r.tokens for r in results]
 
         await everything(items[:BATCH])
-        sync = _sync(device)
         sync()
         t = time.perf_counter()
         texts, tokens = await everything(items)
         sync()
         return Run(time.perf_counter() - t, texts, tokens)
 
-    try:
-        return asyncio.run(main())
-    finally:
-        pipeline.device_executor.shutdown(wait=True)
+    return with_engine(spec, main, device=torch.device(device))
 
 
 CONTENDERS = {"static generate": run_static, "transformers CB": run_transformers_cb,

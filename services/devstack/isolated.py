@@ -50,7 +50,7 @@ def engine_bursts(spec: Any, item: Any, n: int, reps: int, min_seconds: float,
             out.times.append(time.perf_counter() - t)
         return out
 
-    return _with_engine(spec, threads, main)
+    return with_engine(spec, main, threads)
 
 
 @dataclass
@@ -87,11 +87,12 @@ def engine_closed_loop(spec: Any, items: list[Any], concurrency: int, warmup: li
             await passes(engine, warmup)
         return await passes(engine, items)
 
-    return _with_engine(spec, threads, main)
+    return with_engine(spec, main, threads)
 
 
-def _with_engine(spec: Any, threads: int | None, run):
-    """`asyncio.run(run(engine))` on a fresh pipeline of `spec` set up in this process."""
+def with_engine(spec: Any, run, threads: int | None = None, device: Any = None):
+    """`asyncio.run(run(engine))` on a fresh pipeline of `spec` set up in this process, on
+    `device` (None: the worker's choice, `pick_device`)."""
     import torch
 
     from services.worker.engine.engine import Engine
@@ -101,7 +102,7 @@ def _with_engine(spec: Any, threads: int | None, run):
 
     if threads is not None:
         torch.set_num_threads(threads)
-    pipeline = build_pipeline(spec, pick_device(get_settings()))
+    pipeline = build_pipeline(spec, device or pick_device(get_settings()))
     pipeline.setup()
 
     async def main():
