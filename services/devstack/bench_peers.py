@@ -5,8 +5,9 @@
 Two models: tiny-gpt2 (16 new tokens a request) and gpt2-6x256 (6 layers x 256 wide, seeded
 random weights built at run time into a temporary directory, 64 new tokens), both served with
 `max_batch: 32` from a temporary registry. Every request is one prompt, greedy, and makes its
-full budget (EOS never ends a row early: the peers force it with `min_new_tokens`; the
-tokens/req column shows Fibermill's rows made theirs too). The contenders:
+full budget (the peers' `generate` runs with no EOS, services/devstack/hf_generate.py;
+Fibermill's rows would stop at one, and the tokens/req column shows they made their budgets
+too). The contenders:
 
 - transformers `generate` in process, batches of 32 (the registry's max_batch), left padding;
 - Fibermill's engine in process (pipeline + `Engine`, items announced through
