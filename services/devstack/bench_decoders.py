@@ -37,7 +37,6 @@ from pathlib import Path
 from services.devstack import gpt2_6x256
 from services.devstack.bench_peers import BATCH, mixed_budgets, static_batches
 from services.devstack.isolated import with_engine
-from shared.settings import REPO_ROOT
 
 SHAPES = {"gpt2": (12, 768, 12), "6x256": (6, 256, 4)}  # layers, width, heads
 UNIFORM = 64
@@ -59,7 +58,10 @@ class Outcome:
 
 def model_dir(shape: str, tmp: Path) -> Path:
     if shape == "tiny":
-        return REPO_ROOT / "models" / "tiny-gpt2"
+        from services.worker.modelbuild.tiny_gpt2 import build
+
+        build(tmp / "tiny-gpt2")
+        return tmp / "tiny-gpt2"
     layers, width, heads = SHAPES[shape]
     return gpt2_6x256.build(tmp / shape, layers=layers, width=width, heads=heads)
 
