@@ -53,7 +53,7 @@ import yaml
 
 from services.devstack import gpt2_6x256
 from services.devstack.bench_stack import bench_stack
-from services.devstack.isolated import engine_bursts, engine_closed_loop, isolated
+from services.devstack.isolated import engine_bursts, isolated, with_engine
 from services.devstack.peer_servers import Server, litserve_available, litserve_server
 from services.devstack.processes import frozen
 from services.devstack.rounds import alternate, paired_median
@@ -376,15 +376,22 @@ def measure_alone(model_dir: Path, budgets: list[int]) -> Load:
 
 
 def measure_engine_mixed(registry: Path, budgets: list[int]) -> Load:
-    """The mixed workload on Fibermill's engine fed directly (isolated.engine_closed_loop):
-    32 closed-loop clients awaiting the engine, after a warm-up pass of 32 requests."""
+    """The mixed workload on Fibermill's engine fed directly (isolated.with_engine): the same
+    32 closed-loop clients awaiting the engine, no HTTP, Redis or Celery between them, after a
+    warm-up pass of 32 requests."""
     from shared.messages import TextItem
     from shared.registry import ModelRegistry
 
     spec = ModelRegistry.load(registry).get(BIG.model)
-    items = [TextItem(prompt=PROMPT, max_new_tokens=b) for b in budgets]
-    run = engine_closed_loop(spec, items, BATCH, items[:BATCH])
-    return Load(run.seconds, run.latencies, [getattr(x, "tokens", None) for x in run.results])
+
+    async def main(engine) -> Load:
+        async def send(budget: int) -> int:
+            return (await engine.submit(TextItem(prompt=PROMPT, max_new_tokens=budget))).tokens
+
+        await closed_loop(send, budgets[:BATCH], BATCH)
+        return await closed_loop(send, budgets, BATCH)
+
+    return with_engine(spec, main)
 
 
 def measure_engine(registry: Path, model: str, new_tokens: int, reps: int) -> Load:
@@ -558,10 +565,10 @@ def _short_p50(load: Load | None, budgets: Sequence[int]) -> float | None:
     return percentile(xs, 0.5) if xs else None
 
 
-def _stream_bound(slots: int = BATCH) -> float:
-    """E[longest of `slots` budgets] / E[budget] for budgets uniform in MIXED_RANGE: what
+def _stream_bound(slots: int = BATCH, lo: int = MIXED_RANGE[0], hi: int = MIXED_RANGE[1]
+                  ) -> float:
+    """E[longest of `slots` budgets] / E[budget] for budgets uniform in lo..hi: what
     continuous batching gains on an endless stream at equal step time."""
-    lo, hi = MIXED_RANGE
     values = range(lo, hi + 1)
     span = len(values)
     longest = sum(v * (((v - lo + 1) / span) ** slots - ((v - lo) / span) ** slots)

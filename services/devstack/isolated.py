@@ -53,43 +53,6 @@ def engine_bursts(spec: Any, item: Any, n: int, reps: int, min_seconds: float,
     return with_engine(spec, main, threads)
 
 
-@dataclass
-class ClosedLoop:
-    seconds: float  # the timed pass, start to last answer
-    latencies: list[float]  # per item, in item order
-    results: list[Any]
-
-
-def engine_closed_loop(spec: Any, items: list[Any], concurrency: int, warmup: list[Any],
-                       threads: int | None = None) -> ClosedLoop:
-    """`spec`'s engine fed directly by `concurrency` closed-loop clients, each submitting the
-    next of `items` once its previous result is in (what the stack's clients do, without
-    HTTP, Redis or Celery between them and the engine), after an untimed pass over `warmup`.
-    Call it through `isolated`."""
-
-    async def passes(engine, todo: list[Any]) -> ClosedLoop:
-        latencies: list[float] = [0.0] * len(todo)
-        results: list[Any] = [None] * len(todo)
-        next_index = iter(range(len(todo)))
-
-        async def client() -> None:
-            for i in next_index:
-                t = time.perf_counter()
-                results[i] = await engine.submit(todo[i])
-                latencies[i] = time.perf_counter() - t
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(min(concurrency, len(todo)))))
-        return ClosedLoop(time.perf_counter() - t0, latencies, results)
-
-    async def main(engine) -> ClosedLoop:
-        if warmup:
-            await passes(engine, warmup)
-        return await passes(engine, items)
-
-    return with_engine(spec, main, threads)
-
-
 def with_engine(spec: Any, run, threads: int | None = None, device: Any = None):
     """`asyncio.run(run(engine))` on a fresh pipeline of `spec` set up in this process, on
     `device` (None: the worker's choice, `pick_device`)."""

@@ -45,9 +45,17 @@ def test_continuous_bound_counts_the_steps_each_way():
     # takes the first 1, the second 1 when it frees at step 1 and the second 4 at step 2
     # (ending at 6), while slot B runs the first 4: 8 / 6.
     assert bp.continuous_bound([1, 4, 1, 4], 2) == pytest.approx(8 / 6)
-    # The benchmark's 128 requests leave a tail: well below the endless stream's bound.
-    budgets = bp.mixed_budgets(128)
-    assert 1.3 < bp.continuous_bound(budgets) < bp._stream_bound() < 1.9
+    # The fewer the requests, the more of the run is a tail with few rows: the bound grows
+    # with the requests towards the endless stream's.
+    few, many = (bp.continuous_bound(bp.mixed_budgets(n)) for n in (128, 4096))
+    assert few < many < bp._stream_bound()
+
+
+def test_stream_bound_is_the_expected_longest_over_the_mean():
+    assert bp._stream_bound(1, 1, 2) == 1.0  # one slot: the longest is the budget itself
+    # Two slots, budgets 1 or 2: the longer of two is 1 only if both are (1/4), so it is
+    # 1/4 + 2 * 3/4 = 7/4 on average, against a mean budget of 3/2.
+    assert bp._stream_bound(2, 1, 2) == pytest.approx(7 / 6)
 
 
 def test_closed_loop_keeps_at_most_concurrency_in_flight():
