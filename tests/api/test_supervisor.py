@@ -5,6 +5,8 @@ import asyncio
 
 import redis.asyncio as aioredis
 from fastapi.testclient import TestClient
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from services.api import supervisor
 from services.api.app import create_app
@@ -46,10 +48,12 @@ async def test_a_joiner_started_while_redis_is_down_joins_once_it_is_up(
 ):
     monkeypatch.setattr(supervisor, "BACKOFF_SECONDS", (0.05,))
     port = free_port()
-    client = aioredis.Redis(port=port, socket_connect_timeout=0.2)
+    # No retries in the client: its default retries a refused connection with random backoff
+    # that could outlast the wait below, and what is tested is the supervisor's restarts.
+    client = aioredis.Redis(port=port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     joiner = Supervised("joiner", Joiner(client, None, settings, "api-1").run)
     task = asyncio.create_task(joiner.run())
-    for _ in range(100):  # the client retries a refused connection a few times itself
+    for _ in range(100):
         if joiner.restarts:
             break
         await asyncio.sleep(0.05)
