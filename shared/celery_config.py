@@ -4,6 +4,7 @@ from contextlib import contextmanager
 
 from celery import Celery
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 from shared.settings import Settings
 
@@ -13,29 +14,33 @@ PRIORITY_STEPS = list(range(10))
 PRIORITY_SEP = ":"
 
 
-class QoS(kombu_redis.QoS):
-    """kombu's ack emulation (a delivered message is kept in `unacked` until acknowledged, and
-    restored to its queue if its consumer is lost), its two bookkeeping steps each sent as a
-    plain pipeline rather than MULTI/EXEC: 2 commands per step instead of 4. Each step's two
-    commands still travel together and are run back to back; the one reader of both keys,
-    `restore_visible`, only looks at entries older than the visibility timeout."""
+class QoS(virtual.QoS):
+    """kombu's ack emulation kept in this process only: a delivered message is held in memory
+    until acknowledged (which is what the prefetch limit counts), and goes back to its queue
+    when rejected with requeue or when the channel closes unacknowledged (a warm shutdown).
 
-    @contextmanager
-    def pipe_or_acquire(self, pipe=None, client=None):
-        if pipe:
-            yield pipe
-        else:
-            with self.channel.conn_or_acquire(client) as client:
-                yield client.pipeline(transaction=False)
+    kombu's Redis QoS also writes each delivered message to an `unacked` hash and index and
+    removes it on the ack: four commands and two round trips per message, so that a consumer
+    that dies holding a message has it restored once the visibility timeout (an hour) passes.
+    Fibermill recovers that case itself, and sooner: the sub-request is outstanding in its
+    model's backlog with no lease and in no queue, which the orphan sweep
+    (services/api/orphans.py) finds and sends again after `FIBERMILL_LOST_SUBREQUEST_SECONDS`."""
+
+    def restore_visible(self, *args, **kwargs) -> None:
+        """Nothing of this transport's is kept in Redis to restore."""
 
 
 class Channel(kombu_redis.Channel):
-    """kombu's Redis channel, but its short commands (the ack emulation's, two per message)
+    """kombu's Redis channel with the QoS above. Its short commands (a message handed back)
     reuse one client of the channel's pool instead of building a `redis.Redis` each time,
     which costs more than the commands themselves."""
 
-    QoS = QoS
+    ack_emulation = False  # kombu's Redis-side emulation off; the QoS above is its own
     _short_client = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.QoS = QoS
 
     @contextmanager
     def conn_or_acquire(self, client=None):
@@ -50,8 +55,8 @@ class Channel(kombu_redis.Channel):
 
 
 class Transport(kombu_redis.Transport):
-    """kombu's Redis transport with the channel above (`broker_transport`): the same keys, the
-    same messages and the same guarantees, in 6 commands per message instead of 10."""
+    """kombu's Redis transport with the channel above (`broker_transport`): the same keys and
+    messages, in 2 commands per message (LPUSH, BRPOP) instead of kombu's 6."""
 
     Channel = Channel
 
@@ -68,16 +73,15 @@ def make_celery(settings: Settings, name: str = "fibermill") -> Celery:
         result_serializer="json",
         result_backend=None,
         task_ignore_result=True,
-        # A sub-request is acknowledged only after it ran; if the worker process is lost the
-        # message goes back to the queue instead of vanishing.
+        # A message is acknowledged only after its sub-request ran: until then it counts
+        # against the prefetch limit (a worker takes no more than it runs), and a warm
+        # shutdown hands it back. A lost worker's messages are Fibermill's to recover
+        # (leases, the orphan sweep), not the broker's: see QoS.
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
-            # Redis redelivers unacknowledged messages after this long; it must exceed the
-            # longest legitimate run or a running sub-request would be handed out twice.
-            "visibility_timeout": settings.visibility_timeout_seconds,
             "priority_steps": PRIORITY_STEPS,
             "sep": PRIORITY_SEP,
             # Message priority comes from the BRPOP key order alone. The order between queues

@@ -25,7 +25,6 @@ class Settings(BaseSettings):
 
     # Sub-request execution and recovery
     subrequest_time_limit_seconds: int = Field(600, ge=1)
-    visibility_timeout_seconds: int = Field(3600, ge=1)
     lease_seconds: float = Field(15.0, gt=0)
     heartbeat_seconds: float = Field(3.0, gt=0)
     janitor_interval_seconds: float = Field(2.0, gt=0)
@@ -144,13 +143,7 @@ class Settings(BaseSettings):
     batch_max_in_flight: int = Field(256, ge=1)
 
     @model_validator(mode="after")
-    def _visibility_above_time_limit(self) -> "Settings":
-        # The broker must not redeliver a sub-request that is still legitimately running.
-        if self.visibility_timeout_seconds <= self.subrequest_time_limit_seconds:
-            raise ValueError(
-                "visibility_timeout_seconds must be greater than subrequest_time_limit_seconds "
-                f"({self.visibility_timeout_seconds} <= {self.subrequest_time_limit_seconds})"
-            )
+    def _heartbeat_within_lease(self) -> "Settings":
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
         return self

@@ -4,8 +4,8 @@ A sub-request is outstanding from the moment its job is stored until its result 
 backlog, `fm:backlog:<model>`, scored with the time it was last sent: Fibermill's own record of
 what is outstanding). While outstanding it is, at any moment, in one of three places: waiting in
 its queue (kombu's list for its model and priority), leased by a worker that runs it, or nowhere:
-its message was taken by a worker that died before leasing it (it sits in kombu's `unacked` hash
-until the broker's hour-long visibility timeout), a Redis crash lost the write that queued it, or
+its message was taken by a worker that died before leasing it (the broker keeps no copy of a
+delivered message: shared/celery_config.py's QoS), a Redis crash lost the write that queued it, or
 the replica that was to send it again died first. Leases that expire are the janitor's other
 sweep; this one finds the third place.
 

@@ -100,8 +100,8 @@ async def test_a_sub_request_sent_but_never_leased_is_sent_again_once(
     store, aredis, dispatcher, settings, lifecycle
 ):
     """A worker took both messages from the queue and was killed before leasing one of them:
-    the messages are gone from the queue (kombu keeps them in `unacked` for an hour), and no
-    lease says anyone runs them."""
+    the messages are gone from the queue (the broker keeps no copy of a delivered message), and
+    no lease says anyone runs them."""
     await _job(store)
     for key in priority_lists("tiny-gpt2"):
         await aredis.delete(key)

@@ -119,7 +119,7 @@ def test_api_is_ready_without_workers(rendered):
 @pytest.mark.parametrize("component", ["api", "worker"])
 def test_settings_validate(rendered, component):
     container = k8s.main_container(k8s.workload_for(rendered, component))
-    # types and cross-field rules (visibility timeout > time limit, heartbeat < lease, ...)
+    # types and cross-field rules (heartbeat < lease, ...)
     Settings(**k8s.settings_kwargs(rendered, container))
 
 

@@ -1,10 +1,10 @@
-"""kombu's Redis transport as Fibermill configures it: the same queues, messages and ack
-emulation (a delivered message is kept until acknowledged, and goes back to its queue if its
-consumer is lost) in fewer commands: no MULTI/EXEC, no new client per command."""
+"""kombu's Redis transport as Fibermill configures it: the same queues and messages, its ack
+emulation kept in the consumer's memory (a delivered message is held until acknowledged, and
+goes back to its queue when rejected with requeue or when its channel closes), and nothing
+written to Redis for it: a message costs its push and its pop."""
 
 import base64
 import json
-import time
 
 import pytest
 import redis
@@ -51,55 +51,86 @@ def test_celery_uses_the_transport(celery):
             assert a is b  # one client, not one per command
 
 
-def test_a_message_is_kept_until_acked_then_gone_without_multi(celery, sredis):
+def _take(channel) -> object:
+    message = Queue(queue_for("tiny-gpt2"), channel=channel, max_priority=9).get(no_ack=False)
+    assert message is not None
+    return message
+
+
+def test_a_message_is_held_until_acked_with_no_command_of_its_own(celery, sredis):
     r = sredis
     _send(celery, [SUB], 5)
     key = priority_lists("tiny-gpt2")[5]
     assert r.llen(key) == 1
     with celery.connection_for_read() as conn:
         channel = conn.channel()
-        queue = Queue(queue_for("tiny-gpt2"), channel=channel, max_priority=9)
         r.config_resetstat()
-        message = queue.get(no_ack=False)
-        assert message is not None and message.delivery_info["routing_key"] == queue.name
+        message = _take(channel)
+        assert message.delivery_info["routing_key"] == queue_for("tiny-gpt2")
         assert r.llen(key) == 0
-        tag = message.delivery_tag
-        assert r.hexists("unacked", tag) and r.zscore("unacked_index", tag) is not None
+        assert channel.qos.get(message.delivery_tag) is message  # held, counted for prefetch
         message.ack()
-        assert not r.hexists("unacked", tag) and r.zscore("unacked_index", tag) is None
-        calls = _calls(r)
-        assert "multi" not in calls and "exec" not in calls
-        assert calls.get("zadd") == calls.get("hset") == calls.get("zrem") == 1
+        channel.close()
+        assert r.llen(key) == 0  # acknowledged: not handed back at close
+    calls = _calls(r)
+    # The pops that looked for it (a priority list each up to its own), this test's LLENs and
+    # the connection's handshake: nothing written.
+    assert set(calls) <= {"rpop", "llen", "hello", "ping", "client|setinfo"}, calls
+    assert not r.exists("unacked") and not r.exists("unacked_index")
+
+
+def test_the_prefetch_limit_counts_held_messages(celery, sredis):
+    _send(celery, [SUB, SUB], 5)
+    with celery.connection_for_read() as conn:
+        channel = conn.channel()
+        channel.basic_qos(0, 1, False)
+        message = _take(channel)
+        assert not channel.qos.can_consume()
+        message.ack()
+        assert channel.qos.can_consume()
         channel.close()
 
 
-def test_an_unacked_message_goes_back_to_its_queue_when_its_consumer_is_lost(celery, sredis):
+def test_a_message_rejected_with_requeue_goes_back_to_its_queue(celery, sredis):
     r = sredis
     _send(celery, [SUB], 5)
     key = priority_lists("tiny-gpt2")[5]
     with celery.connection_for_read() as conn:
         channel = conn.channel()
-        message = Queue(queue_for("tiny-gpt2"), channel=channel, max_priority=9).get(
-            no_ack=False)
-        assert message is not None and r.llen(key) == 0
-        channel.close()  # as a worker's warm shutdown does; a dead one's after the timeout
-    assert _queued(r, key) == [SUB] and r.hlen("unacked") == 0
+        message = _take(channel)
+        assert r.llen(key) == 0
+        message.reject(requeue=True)
+        assert _queued(r, key) == [SUB]
+        channel.close()
+    assert _queued(r, key) == [SUB]  # once: the rejected message is not handed back again
 
 
-def test_a_dead_consumers_message_is_restored_after_the_visibility_timeout(redis_url, sredis):
+def test_an_unacked_message_goes_back_to_its_queue_when_its_channel_closes(celery, sredis):
     r = sredis
-    app = make_celery(Settings(redis_url=redis_url, visibility_timeout_seconds=2,
-                               subrequest_time_limit_seconds=1))
-    _send(app, [SUB], 5)
+    _send(celery, [SUB], 5)
     key = priority_lists("tiny-gpt2")[5]
-    with app.connection_for_read() as conn:
+    with celery.connection_for_read() as conn:
+        channel = conn.channel()
+        _take(channel)
+        assert r.llen(key) == 0
+        channel.close()  # as a worker's warm shutdown does
+    assert _queued(r, key) == [SUB]
+
+
+def test_a_dead_consumers_message_is_left_for_the_orphan_sweep(celery, sredis):
+    """A consumer that dies holding a message leaves no copy of it in Redis: its sub-request is
+    outstanding with no lease and in no queue, which the orphan sweep sends again
+    (tests/api/test_janitor.py)."""
+    r = sredis
+    _send(celery, [SUB], 5)
+    key = priority_lists("tiny-gpt2")[5]
+    with celery.connection_for_read() as conn:
         dead = conn.channel()
         dead.qos.restore_at_shutdown = False  # it dies: nothing handed back
-        assert Queue(queue_for("tiny-gpt2"), channel=dead, max_priority=9).get(no_ack=False)
+        _take(dead)
         dead.close()
-    assert r.llen(key) == 0 and r.hlen("unacked") == 1
-    time.sleep(2.2)
-    with app.connection_for_read() as conn:
-        conn.channel().qos.restore_visible(interval=1)  # what any live consumer does
-    assert _queued(r, key) == [SUB] and r.hlen("unacked") == 0
-    app.close()
+    with celery.connection_for_read() as conn:
+        live = conn.channel()
+        live.qos.restore_visible(interval=1)  # what a live consumer's poller calls
+        live.close()
+    assert r.llen(key) == 0 and not r.exists("unacked")

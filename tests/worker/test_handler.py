@@ -20,7 +20,7 @@ from shared.settings import Settings
 def runtime(redis_server, model_dir):
     settings = Settings(redis_url=redis_server.url, model_registry=model_dir / "registry.yaml",
                         worker_models="tiny-gpt2,broken-gpt2", max_attempts=2,
-                        subrequest_time_limit_seconds=1, visibility_timeout_seconds=10,
+                        subrequest_time_limit_seconds=1,
                         heartbeat_seconds=0.2, lease_seconds=2)
     celery = make_celery(settings)
     rt = WorkerRuntime(settings, load_registry(settings.model_registry), celery)
