@@ -197,6 +197,12 @@ class TextOutput(GeneratedText):
 
     worker: str | None = Field(None, description="The worker process that generated it")
 
+    @classmethod
+    def of(cls, text: GeneratedText, worker: str | None) -> "TextOutput":
+        """The output of the sub-result that generated `text` on `worker`: as the API
+        assembles it, and as a worker that makes a one-prompt job final writes it."""
+        return cls(worker=worker, **text.model_dump())
+
 
 class ImageOutput(GeneratedImage):
     """One image of a job's output; `url` serves its PNG."""

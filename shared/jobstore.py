@@ -68,6 +68,16 @@ class JobRecord:
         return self.status in FINAL_STATUSES
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A job that became final (succeeded) in the step that stored its one result."""
+
+    task: str
+    created_at: float
+    started_at: float | None
+    completed_at: float
+
+
 @dataclass
 class LeaseGrant:
     outcome: LeaseOutcome
@@ -125,6 +135,9 @@ class JobStore:
             "done": 0,  # kept equal to the size of its results hash by STORE_RESULT
             # The webhook events the job wants, read by the scripts (ACQUIRE_LEASE).
             "hooks": ",".join(meta.webhook_events_filter) if meta.webhook else "",
+            # What making it final involves, for a script that does so without reading `meta`
+            # (STORE_RESULT, for a job of one sub-request).
+            "fin": _final_flags(meta),
         }
         fields = [str(x) for kv in mapping.items() for x in kv]
         trim = next(self._creates) % TRIM_INDEX_EVERY == 0
@@ -238,12 +251,7 @@ class JobStore:
             rec = await self.get(job_id)
             flags = "*"
         else:
-            flags = "".join((
-                "w" if rec.meta.webhook is not None else "",
-                "d" if rec.meta.deadline_seconds is not None else "",
-                "f" if rec.meta.wants("completed") else "",
-                "" if all_results else "k",
-            ))
+            flags = _final_flags(rec.meta) + ("" if all_results else "k")
         res = await self._finalize(
             keys=[
                 names.job_key(job_id),
@@ -299,9 +307,24 @@ class JobStore:
         The writer's lease on it (`result.worker`) is released in the same step. `model`, the
         job's model when the caller knows it, saves reading it first. `event`, an encoded event
         for the job's channel, is published in the same step when the result is written."""
+        got = await self._store(job_id, result, model, event, None)
+        assert isinstance(got, int)
+        return got
+
+    async def store_last_result(self, job_id: str, result: SubResult, output: dict[str, Any],
+                                model: str | None = None,
+                                event: str | None = None) -> "int | Finished":
+        """`store_result` for a successful sub-result whose job `output` is known from it
+        alone: a job of this one sub-request succeeds in the same step (Finished says when),
+        with no joiner involved; any other job gets the sub-result as `store_result` writes it.
+        A job stored without a `fin` field (by an older API) always takes the second path."""
+        return await self._store(job_id, result, model, event, [output])
+
+    async def _store(self, job_id: str, result: SubResult, model: str | None,
+                     event: str | None, output: list | None) -> "int | Finished":
         member = f"{job_id}:{result.index}"
         backlog = names.backlog_key(model) if model else await self._backlog_key(job_id)
-        return await self._store_result(
+        got = await self._store_result(
             keys=[
                 names.job_key(job_id),
                 names.results_key(job_id),
@@ -309,6 +332,9 @@ class JobStore:
                 names.LEASES,
                 names.LEASE_OWNERS,
                 backlog,
+                names.attempts_key(job_id),
+                names.webhooks_key(job_id),
+                names.DEADLINES,
             ],
             args=[
                 result.index,
@@ -317,9 +343,20 @@ class JobStore:
                 int(result.ok),
                 member,
                 result.worker,
-                *((names.events_channel(job_id), event) if event else ()),
+                names.events_channel(job_id) if event else "",
+                event or "",
+                json.dumps(output) if output is not None else "",
+                self.finished_ttl,
+                min(self.finished_ttl, RAN_TTL_SECONDS),
+                names.FINAL_CHANNEL,
             ],
         )
+        if not isinstance(got, list):
+            return got
+        completed, created, started, task = (v.decode() for v in got)
+        return Finished(task=task, created_at=float(created),
+                        started_at=float(started) if started else None,
+                        completed_at=float(completed))
 
     async def _backlog_key(self, job_id: str) -> str:
         """The backlog of the job's model. A job's model never changes, so reading it before
@@ -426,6 +463,16 @@ class JobStore:
                            at=time.time())
         await self.redis.lpush(names.DEAD_LETTER, entry.encode())
         return await self.store_result(sub.job_id, result, model=sub.model)
+
+
+def _final_flags(meta: JobMeta) -> str:
+    """What FINALIZE does for a job besides its status: w webhook deliveries to keep with the
+    record, d a deadline to drop, f a `completed` webhook to announce."""
+    return "".join((
+        "w" if meta.webhook is not None else "",
+        "d" if meta.deadline_seconds is not None else "",
+        "f" if meta.wants("completed") else "",
+    ))
 
 
 def _record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:

@@ -149,20 +149,31 @@ return completed
 """
 )
 
-# KEYS: job, results, completion stream, leases, owners, the model's backlog.
-# ARGV: index, result json, job id, ok flag, lease member, worker, and optionally the job's
-# events channel and an event to publish on it with the result (a text's final `output` event:
-# it goes out only with the result it describes, and before the completion that may end the
-# job's event streams).
+# KEYS: job, results, completion stream, leases, owners, the model's backlog, attempts,
+# webhooks, deadlines.
+# ARGV: index, result json, job id, ok flag, lease member, worker, the job's events channel and
+# an event to publish on it with the result ('' for none: a text's final `output` event goes
+# out only with the result it describes, and before the completion that may end the job's event
+# streams), the job's output json when this result may end it ('' otherwise), the finished TTL,
+# the TTL of what ran it, the final channel.
 # Writes a sub-result once per (job, index) and announces it on the completion stream in the
 # same step, so a duplicate delivery can neither change the result nor count twice; the job's
 # `done` is the size of its results hash, set in the same step. The sub-request leaves the
 # model's backlog, and the worker's lease on it is released, in the same step.
-# Returns 1 when written, 0 for a duplicate, -1 when the job is gone, -2 when it is final.
+# With an output, a job of one sub-request (its `fin` field, written at create, says what
+# FINALIZE's flags would: w, d, f) succeeds in this step instead: what FINALIZE does for it
+# (status, output, completed_at, TTLs, its deadline and its `final` stream entry when it has
+# them, the final channel), with no sub-result or completion entry written, as the record's
+# output holds the one result and no joiner needs to see it.
+# Returns 1 when written, 0 for a duplicate, -1 when the job is gone, -2 when it is final; a job
+# made final here: {completed_at, created_at, started_at or '', task}.
 STORE_RESULT = (
     _FINAL
+    + _NOW
     + """
-local st = redis.call('HGET', KEYS[1], 'status')
+local h = redis.call('HMGET', KEYS[1], 'status', 'total', 'fin', 'created_at', 'started_at',
+                     'task')
+local st = h[1]
 if redis.call('HGET', KEYS[5], ARGV[5]) == ARGV[6] then
   redis.call('ZREM', KEYS[4], ARGV[5])
   redis.call('HDEL', KEYS[5], ARGV[5])
@@ -170,8 +181,23 @@ end
 if not st then return -1 end
 redis.call('ZREM', KEYS[6], ARGV[5])
 if is_final(st) then return -2 end
+if ARGV[9] ~= '' and h[2] == '1' and h[3] then
+  local completed = tostring(now_seconds())
+  if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
+  redis.call('HSET', KEYS[1], 'status', 'succeeded', 'output', ARGV[9],
+             'completed_at', completed, 'done', 1)
+  redis.call('EXPIRE', KEYS[1], ARGV[10])
+  redis.call('EXPIRE', KEYS[7], ARGV[11])
+  if string.find(h[3], 'w', 1, true) then redis.call('EXPIRE', KEYS[8], ARGV[10]) end
+  if string.find(h[3], 'd', 1, true) then redis.call('ZREM', KEYS[9], ARGV[3]) end
+  if string.find(h[3], 'f', 1, true) then
+    redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'kind', 'final')
+  end
+  redis.call('PUBLISH', ARGV[12], ARGV[3])
+  return {completed, h[4], h[5] or '', h[6]}
+end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
-if ARGV[8] and ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
+if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
 redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
 redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'kind', 'result', 'index', ARGV[1],
   'ok', ARGV[4])

@@ -18,7 +18,7 @@ def assemble(rec: JobRecord, results: dict[int, SubResult],
             out.append(ImageOutput(url=output_url(base, rec.id, i), worker=r.worker,
                                    **r.output.model_dump()))
         else:
-            out.append(TextOutput(worker=r.worker, **r.output.model_dump()))
+            out.append(TextOutput.of(r.output, r.worker))
     return out
 
 

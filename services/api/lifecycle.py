@@ -3,11 +3,11 @@ canceled, deadline). Every final change notifies (SSE, webhook) and stops runnin
 
 import logging
 
-from services.api import metrics
 from services.api.assembly import assemble, first_error
 from services.api.notify import Notifier
 from shared.errors import DeadlineExceeded
 from shared.job import JobStatus
+from shared.job_metrics import observe_final
 from shared.jobstore import JobRecord, JobStore
 from shared.messages import JobError, SubResult
 
@@ -93,11 +93,5 @@ class Lifecycle:
 
 
 def _observe(rec: JobRecord) -> None:
-    labels = (rec.task, rec.model)
-    metrics.JOBS_FINISHED.labels(*labels, rec.status.value).inc()
-    if rec.completed_at is None:
-        return
-    metrics.JOB_DURATION.labels(*labels).observe(rec.completed_at - rec.created_at)
-    if rec.started_at is not None:
-        metrics.JOB_QUEUE.labels(*labels).observe(rec.started_at - rec.created_at)
-        metrics.JOB_RUN.labels(*labels).observe(rec.completed_at - rec.started_at)
+    observe_final(rec.task, rec.model, rec.status.value, rec.created_at, rec.started_at,
+                  rec.completed_at)

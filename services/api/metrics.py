@@ -1,31 +1,9 @@
-"""The API's Prometheus metrics (histograms, so they add up across replicas)."""
+"""The API's Prometheus metrics (histograms, so they add up across replicas). Jobs reaching a
+final status are counted in shared/job_metrics.py, as workers make some of them final."""
 
 from prometheus_client import Counter, Gauge, Histogram
 
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-
 JOBS_SUBMITTED = Counter("fibermill_jobs_submitted", "Jobs accepted", ["task", "model"])
-JOBS_FINISHED = Counter(
-    "fibermill_jobs_finished", "Jobs that reached a final status", ["task", "model", "status"]
-)
-JOB_DURATION = Histogram(
-    "fibermill_job_duration_seconds",
-    "Job time from submit to final status",
-    ["task", "model"],
-    buckets=LATENCY_BUCKETS,
-)
-JOB_QUEUE = Histogram(
-    "fibermill_job_queue_seconds",
-    "Job time from submit to its first sub-request starting",
-    ["task", "model"],
-    buckets=LATENCY_BUCKETS,
-)
-JOB_RUN = Histogram(
-    "fibermill_job_run_seconds",
-    "Job time from its first sub-request starting to final status",
-    ["task", "model"],
-    buckets=LATENCY_BUCKETS,
-)
 QUEUE_DEPTH = Gauge(
     "fibermill_queue_depth",
     "Sub-requests waiting in a model's queue, by priority list (0 highest): sum over priority "

@@ -1,5 +1,6 @@
 """Run one sub-request: take its lease, run the model, store the result once and release the
-lease in the same step (or release it alone when nothing is stored)."""
+lease in the same step (or release it alone when nothing is stored). A one-prompt text job
+becomes final in that step too (JobStore.store_last_result)."""
 
 import logging
 import time
@@ -14,7 +15,10 @@ from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.progress import ProgressPublisher
 from shared.errors import BlobStoreUnavailable, ModelError
 from shared.failures import dead_lettered, time_limit_exceeded
-from shared.jobstore import JobStore, LeaseGrant
+from shared.inputs import TextOutput
+from shared.job import JobStatus
+from shared.job_metrics import observe_final
+from shared.jobstore import Finished, JobStore, LeaseGrant
 from shared.messages import (
     GeneratedImage,
     GeneratedText,
@@ -135,8 +139,20 @@ class Handler:
         metrics.PHASE_SECONDS.labels(sub.model, "subrequest").observe(time.perf_counter() - t0)
         result.finished_at = time.time()
         event = on_text.final if outcome == Outcome.SUCCEEDED else None
-        if await self.store.store_result(sub.job_id, result, model=sub.model,
-                                         event=event) != 1:
+        if outcome == Outcome.SUCCEEDED and isinstance(result.output, GeneratedText):
+            # A text's output is its own (an image's links are the API's to make): a job of
+            # this one prompt is made final in the step that stores it, with no joiner.
+            output = TextOutput.of(result.output, result.worker).model_dump(mode="json")
+            stored = await self.store.store_last_result(sub.job_id, result, output,
+                                                        model=sub.model, event=event)
+            if isinstance(stored, Finished):
+                observe_final(stored.task, sub.model, JobStatus.SUCCEEDED.value,
+                              stored.created_at, stored.started_at, stored.completed_at)
+                return outcome, True
+        else:
+            stored = await self.store.store_result(sub.job_id, result, model=sub.model,
+                                                   event=event)
+        if stored != 1:
             return Outcome.DUPLICATE, True
         return outcome, True
 

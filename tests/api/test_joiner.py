@@ -79,8 +79,8 @@ async def test_entries_of_a_dead_replica_are_reclaimed(store, aredis, settings, 
 
 
 async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, settings, lifecycle):
-    from services.api import metrics
     from shared.job import JobMeta
+    from shared.job_metrics import JOBS_FINISHED
 
     n_jobs = 20
     # With a `completed` webhook: such a job's final change is also a stream entry.
@@ -92,7 +92,7 @@ async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, sett
     alive = settings.model_copy(update={"joiner_claim_idle_seconds": 30.0})
     joiners = [Joiner(aredis, lifecycle, alive, f"api-{i}") for i in range(2)]
     await joiners[0].ensure_group()
-    before = metrics.JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")._value.get()
+    before = JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")._value.get()
     tasks = [asyncio.create_task(j.run()) for j in joiners]
     for j in range(n_jobs):
         for index in range(2):
@@ -112,7 +112,7 @@ async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, sett
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert all(s == "succeeded" for s in statuses)
-    after = metrics.JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")._value.get()
+    after = JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")._value.get()
     assert after - before == n_jobs
     # Each entry handled once: two results and one `final` per job.
     assert sum(j.handled for j in joiners) == 3 * n_jobs

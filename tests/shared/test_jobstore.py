@@ -344,3 +344,88 @@ async def test_finalize_takes_a_job_with_a_deadline_out_of_the_deadlines(store, 
     assert await aredis.zscore(names.DEADLINES, "j1") is not None
     assert await store.finalize("j1", JobStatus.CANCELED, [None], rec=rec)
     assert await aredis.zscore(names.DEADLINES, "j1") is None
+
+
+# A one-prompt job made final where its result is stored -------------------------------------
+
+ONE_OUTPUT = {"text": "x", "finish_reason": "length", "tokens": 1, "worker": "w1"}
+
+
+async def _leased_one(store: JobStore, meta=None) -> SubRequest:
+    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1, meta)
+    sub = _sub()
+    await store.acquire_lease(sub, "w1", 30, 3)
+    await store.charge_attempts([sub.member], "w1")
+    return sub
+
+
+async def test_a_one_prompt_jobs_last_result_makes_it_final_in_the_same_step(store, aredis):
+    from shared.jobstore import Finished
+
+    pubsub = aredis.pubsub()
+    await pubsub.subscribe(names.FINAL_CHANNEL, names.CANCEL_CHANNEL)
+    sub = await _leased_one(store)
+    got = await store.store_last_result("j1", SubResult(index=0, output=_text("x"),
+                                                        worker="w1"), ONE_OUTPUT, "tiny-gpt2")
+    rec = await store.get("j1")
+    assert isinstance(got, Finished)
+    assert (got.task, got.created_at, got.started_at, got.completed_at) == (
+        "text-generation", rec.created_at, rec.started_at, rec.completed_at)
+    assert rec.status == JobStatus.SUCCEEDED and rec.output == [ONE_OUTPUT] and rec.done == 1
+    assert await _heard(pubsub) == [(names.FINAL_CHANNEL.encode(), b"j1")]  # no cancel
+    # Lease released, out of the backlog, nothing for a joiner, what ran it on a short TTL.
+    assert await aredis.zscore(names.LEASES, sub.member) is None
+    assert not await aredis.hexists(names.LEASE_OWNERS, sub.member)
+    assert await aredis.zscore(names.backlog_key("tiny-gpt2"), sub.member) is None
+    assert await aredis.xlen(names.COMPLETIONS_STREAM) == 0
+    assert not await aredis.exists(names.results_key("j1"))
+    assert 0 < await aredis.ttl(names.attempts_key("j1")) <= RAN_TTL_SECONDS
+    assert 0 < await aredis.ttl(names.job_key("j1")) <= 3600
+    # A second delivery's result is refused; the output stays.
+    assert await store.store_last_result("j1", SubResult(index=0, output=_text("y")),
+                                         {"text": "y"}, "tiny-gpt2") == -2
+    assert (await store.get("j1")).output == [ONE_OUTPUT]
+
+
+async def test_a_one_prompt_job_made_final_with_its_result_does_what_finalize_would(
+        store, aredis):
+    """Its deadline is dropped, its webhook deliveries kept with it, and its `completed`
+    webhook announced on the stream for the joiners, as FINALIZE does."""
+    from shared.job import JobMeta
+
+    meta = JobMeta(deadline_seconds=60, webhook="https://hooks.example.com/x")
+    await _leased_one(store, meta)
+    await aredis.rpush(names.webhooks_key("j1"), "{}")  # a delivery recorded while it ran
+    await store.store_last_result("j1", SubResult(index=0, output=_text("x"), worker="w1"),
+                                  ONE_OUTPUT, "tiny-gpt2")
+    assert await aredis.zscore(names.DEADLINES, "j1") is None
+    assert 0 < await aredis.ttl(names.webhooks_key("j1")) <= 3600
+    entries = await aredis.xrange(names.COMPLETIONS_STREAM)
+    assert [(f[b"job"], f[b"kind"]) for _id, f in entries] == [(b"j1", b"final")]
+
+
+@pytest.mark.parametrize("case", ["two prompts", "stored by an older API"])
+async def test_a_last_result_is_only_a_result_for_any_other_job(store, aredis, case):
+    if case == "two prompts":
+        await _job(store, total=2)
+    else:
+        await _job(store, total=1)
+        await aredis.hdel(names.job_key("j1"), "fin")
+    await store.acquire_lease(_sub(), "w1", 30, 3)
+    got = await store.store_last_result("j1", SubResult(index=0, output=_text("x"),
+                                                        worker="w1"), ONE_OUTPUT, "tiny-gpt2")
+    assert got == 1
+    rec, results = await store.get_with_results("j1")
+    assert rec.status == JobStatus.RUNNING and rec.output is None and rec.done == 1
+    assert results[0].output == _text("x")
+    kinds = [f[b"kind"] for _id, f in await aredis.xrange(names.COMPLETIONS_STREAM)]
+    assert kinds == [b"result"]
+
+
+async def test_a_last_result_cannot_end_a_job_that_is_final(store):
+    await _leased_one(store)
+    assert await store.finalize("j1", JobStatus.CANCELED, [None])
+    assert await store.store_last_result("j1", SubResult(index=0, output=_text("x")),
+                                         ONE_OUTPUT, "tiny-gpt2") == -2
+    rec = await store.get("j1")
+    assert rec.status == JobStatus.CANCELED and rec.output == [None]

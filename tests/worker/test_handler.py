@@ -7,11 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
+from services.api.assembly import assemble
 from services.worker.runtime import WorkerRuntime
 from shared import names
 from shared.celery_config import make_celery
+from shared.job_metrics import JOBS_FINISHED
 from shared.jobstore import JobStore
-from shared.messages import OutputEvent, SubRequest, TextItem
+from shared.messages import GeneratedText, OutputEvent, SubRequest, SubResult, TextItem
 from shared.registry import load_registry
 from shared.settings import Settings
 
@@ -49,8 +51,12 @@ def _results(rt: WorkerRuntime):
     return rt.call(rt.store.results("j1"))
 
 
+def _record(rt: WorkerRuntime):
+    return rt.call(rt.store.get("j1"))
+
+
 def test_runs_once_and_skips_a_duplicate(runtime, job):
-    job()
+    job(total=2)
     assert runtime.handle(_sub()) == "succeeded"
     first = _results(runtime)[0]
     assert first.output.tokens == 3 and first.worker == runtime.id
@@ -59,6 +65,30 @@ def test_runs_once_and_skips_a_duplicate(runtime, job):
     assert _results(runtime)[0] == first
     assert len(runtime.flights) == 0
     # Charged once, as it started on the device; the duplicate never started.
+    assert runtime.call(runtime.store.attempts("j1", 0)) == 1
+    assert _record(runtime).status == "running"  # the other prompt is the joiner's to wait for
+
+
+def test_a_one_prompt_text_job_is_made_final_where_its_result_is_stored(runtime, job):
+    """No sub-result and no completion entry: the record holds the output, as the API would
+    have assembled it from the sub-result, and a duplicate delivery finds the job final."""
+    job()
+    finished = JOBS_FINISHED.labels("text-generation", "tiny-gpt2", "succeeded")
+    before = finished._value.get()
+    stream = runtime.call(runtime.store.redis.xlen(names.COMPLETIONS_STREAM))
+    assert runtime.handle(_sub()) == "succeeded"
+    rec = _record(runtime)
+    assert rec.status == "succeeded" and rec.done == 1 and rec.completed_at >= rec.started_at
+    assert rec.output[0]["tokens"] == 3 and rec.output[0]["worker"] == runtime.id
+    assert _results(runtime) == {}
+    assert runtime.call(runtime.store.redis.xlen(names.COMPLETIONS_STREAM)) == stream
+    assert finished._value.get() == before + 1
+    # What the API would have written from the same sub-result.
+    text = GeneratedText(**{k: rec.output[0][k] for k in GeneratedText.model_fields})
+    api = assemble(rec, {0: SubResult(index=0, output=text, worker=runtime.id)}, "")
+    assert [o.model_dump(mode="json") for o in api] == rec.output
+    assert runtime.handle(_sub()) == "final"
+    assert _record(runtime).output == rec.output
     assert runtime.call(runtime.store.attempts("j1", 0)) == 1
 
 
@@ -73,8 +103,8 @@ def test_streamed_text_is_published_before_its_result_is_stored(runtime, job, re
         if (event := msg["data"]).startswith(b'{"event":"output"'):
             outputs.append(OutputEvent.decode(event).data)
     pubsub.close()
-    stored = _results(runtime)[0].output
-    assert "".join(d.text for d in outputs) == stored.text
+    stored = _record(runtime).output[0]
+    assert "".join(d.text for d in outputs) == stored["text"]
     assert (outputs[-1].finish_reason, outputs[-1].prompt_tokens) == ("length", 3)
     assert len(outputs) > 2  # at every read
 
@@ -84,7 +114,7 @@ def test_concurrent_deliveries_run_the_model_once(runtime, job):
     with ThreadPoolExecutor(4) as pool:  # as Celery's thread pool would deliver them
         outcomes = list(pool.map(lambda _: runtime.handle(_sub()), range(4)))
     assert outcomes.count("succeeded") == 1
-    assert set(outcomes) <= {"succeeded", "busy", "done"}
+    assert set(outcomes) <= {"succeeded", "busy", "final"}  # "final": it ended the job
 
 
 def test_model_error_is_stored_and_worker_goes_on(runtime, job):
