@@ -82,6 +82,13 @@ class BurstClient:
 
         return n / self.loop.run_until_complete(once())
 
+    def settle(self, seconds: float = 0.5) -> None:
+        """Run the client's loop for a moment, so that connections the server closed while
+        nothing ran it (a thawed server's keep-alive timers ran on through its freeze, and
+        fire at once) are seen closed and not reused: a burst sent on one fails with
+        ServerDisconnectedError."""
+        self.loop.run_until_complete(asyncio.sleep(seconds))
+
     def __enter__(self) -> "BurstClient":
         return self
 
@@ -104,11 +111,13 @@ def paired(st: BenchStack, body: dict, n: int, model: str, item, threads: int | 
     the stack frozen: processes.frozen says why) in alternating rounds, after a warm-up burst:
     jobs/s of each, by round."""
 
-    def sitting() -> float:
-        with frozen(st.procs):
-            return isolated(_in_process, model, item, n, threads)
-
     with BurstClient(st.url, n) as client:
+        def sitting() -> float:
+            with frozen(st.procs):
+                rate = isolated(_in_process, model, item, n, threads)
+            client.settle()
+            return rate
+
         client.burst(body, n)
         stack_rates, in_process_rates = alternate(ROUNDS, [lambda: client.burst(body, n),
                                                            sitting])
