@@ -313,7 +313,7 @@ class JobStore:
 
     async def store_last_result(self, job_id: str, result: SubResult, output: dict[str, Any],
                                 model: str | None = None,
-                                event: str | None = None) -> "int | Finished":
+                                event: str | None = None) -> int | Finished:
         """`store_result` for a successful sub-result whose job `output` is known from it
         alone: a job of this one sub-request succeeds in the same step (Finished says when),
         with no joiner involved; any other job gets the sub-result as `store_result` writes it.
@@ -321,7 +321,7 @@ class JobStore:
         return await self._store(job_id, result, model, event, [output])
 
     async def _store(self, job_id: str, result: SubResult, model: str | None,
-                     event: str | None, output: list | None) -> "int | Finished":
+                     event: str | None, output: list | None) -> int | Finished:
         member = f"{job_id}:{result.index}"
         backlog = names.backlog_key(model) if model else await self._backlog_key(job_id)
         got = await self._store_result(
