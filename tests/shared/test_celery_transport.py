@@ -91,7 +91,8 @@ def test_the_prefetch_limit_counts_held_messages(celery, sredis):
         channel.close()
 
 
-def test_a_message_rejected_with_requeue_goes_back_to_its_queue(celery, sredis):
+@pytest.mark.parametrize("how", ["rejected with requeue", "unacknowledged at channel close"])
+def test_a_held_message_goes_back_to_its_queue_once(celery, sredis, how):
     r = sredis
     _send(celery, [SUB], 5)
     key = priority_lists("tiny-gpt2")[5]
@@ -99,22 +100,11 @@ def test_a_message_rejected_with_requeue_goes_back_to_its_queue(celery, sredis):
         channel = conn.channel()
         message = _take(channel)
         assert r.llen(key) == 0
-        message.reject(requeue=True)
-        assert _queued(r, key) == [SUB]
-        channel.close()
-    assert _queued(r, key) == [SUB]  # once: the rejected message is not handed back again
-
-
-def test_an_unacked_message_goes_back_to_its_queue_when_its_channel_closes(celery, sredis):
-    r = sredis
-    _send(celery, [SUB], 5)
-    key = priority_lists("tiny-gpt2")[5]
-    with celery.connection_for_read() as conn:
-        channel = conn.channel()
-        _take(channel)
-        assert r.llen(key) == 0
+        if how == "rejected with requeue":
+            message.reject(requeue=True)
+            assert _queued(r, key) == [SUB]
         channel.close()  # as a worker's warm shutdown does
-    assert _queued(r, key) == [SUB]
+    assert _queued(r, key) == [SUB]  # a rejected message is not handed back again at close
 
 
 def test_a_dead_consumers_message_is_left_for_the_orphan_sweep(celery, sredis):
