@@ -19,6 +19,23 @@ local function now_seconds()
 end
 """
 
+# What a job's final change does besides its own fields and its announcement (FINALIZE, and
+# STORE_RESULT for a job of one sub-request): the record and its webhook deliveries get the
+# finished TTL, its attempts (needed only while it ran) `ran_ttl`; a `final` stream entry when
+# it wants a `completed` webhook (so that some API replica sends it even if the one that
+# finalized dies), and its deadline dropped. `has(c)` says what the job has: w webhook
+# deliveries, f a `completed` webhook, d a deadline.
+_CLOSE_JOB = """
+local function close_job(job_key, attempts_key, webhooks_key, stream, deadlines, job, ttl,
+                         ran_ttl, has)
+  redis.call('EXPIRE', job_key, ttl)
+  redis.call('EXPIRE', attempts_key, ran_ttl)
+  if has('w') then redis.call('EXPIRE', webhooks_key, ttl) end
+  if has('f') then redis.call('XADD', stream, '*', 'job', job, 'kind', 'final') end
+  if has('d') then redis.call('ZREM', deadlines, job) end
+end
+"""
+
 # A token bucket (rate limits): takes `cost` tokens from the bucket at `key` at time `now` (the
 # Redis server's, so replicas with skewed clocks share one bucket fairly), and returns 0, or the
 # seconds until they could be taken (then nothing is taken).
@@ -109,6 +126,7 @@ return tostring(now)
 FINALIZE = (
     _FINAL
     + _NOW
+    + _CLOSE_JOB
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'total')
 local cur = h[1]
@@ -123,14 +141,8 @@ else
 end
 local all = ARGV[6] == '*'
 local function has(c) return all or string.find(ARGV[6], c, 1, true) ~= nil end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
+close_job(KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7], ARGV[5], ARGV[4], ARGV[10], has)
 redis.call('EXPIRE', KEYS[2], ARGV[10])
-redis.call('EXPIRE', KEYS[3], ARGV[10])
-if has('w') then redis.call('EXPIRE', KEYS[4], ARGV[4]) end
-if has('f') then
-  redis.call('XADD', KEYS[5], '*', 'job', ARGV[5], 'kind', 'final')
-end
-if has('d') then redis.call('ZREM', KEYS[7], ARGV[5]) end
 if has('k') then
   local total = tonumber(h[2] or '0') or 0
   local members = {}
@@ -170,6 +182,7 @@ return completed
 STORE_RESULT = (
     _FINAL
     + _NOW
+    + _CLOSE_JOB
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'total', 'fin', 'created_at', 'started_at',
                      'task')
@@ -186,13 +199,8 @@ if ARGV[9] ~= '' and h[2] == '1' and h[3] then
   if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
   redis.call('HSET', KEYS[1], 'status', 'succeeded', 'output', ARGV[9],
              'completed_at', completed, 'done', 1)
-  redis.call('EXPIRE', KEYS[1], ARGV[10])
-  redis.call('EXPIRE', KEYS[7], ARGV[11])
-  if string.find(h[3], 'w', 1, true) then redis.call('EXPIRE', KEYS[8], ARGV[10]) end
-  if string.find(h[3], 'd', 1, true) then redis.call('ZREM', KEYS[9], ARGV[3]) end
-  if string.find(h[3], 'f', 1, true) then
-    redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'kind', 'final')
-  end
+  local function has(c) return string.find(h[3], c, 1, true) ~= nil end
+  close_job(KEYS[1], KEYS[7], KEYS[8], KEYS[3], KEYS[9], ARGV[3], ARGV[10], ARGV[11], has)
   redis.call('PUBLISH', ARGV[12], ARGV[3])
   return {completed, h[4], h[5] or '', h[6]}
 end
