@@ -29,7 +29,7 @@ from shared.token_bucket import TokenBucket
 
 # A deadline or a dispatch the janitor took but did not finish with is due again this much later.
 RETRY_CLAIM_SECONDS = 30.0
-# A final job's sub-results and attempts are kept this long, not for the record's TTL: the
+# A final job's sub-results are kept this long, not for the record's TTL: the
 # record's output holds every output, and these only say how it ran (for a reader that raced
 # its end, or an operator looking right after). ~700 B of each finished job's ~2 KB.
 RAN_TTL_SECONDS = 300
@@ -136,8 +136,9 @@ class JobStore:
             # The webhook events the job wants, read by the scripts (ACQUIRE_LEASE).
             "hooks": ",".join(meta.webhook_events_filter) if meta.webhook else "",
             # What making it final involves, for a script that does so without reading `meta`
-            # (STORE_RESULT, for a job of one sub-request).
-            "fin": _final_flags(meta),
+            # (STORE_RESULT, for a job of one sub-request); r: its sub-requests' attempts are
+            # kept in this record.
+            "fin": _final_flags(meta) + "r",
         }
         fields = [str(x) for kv in mapping.items() for x in kv]
         trim = next(self._creates) % TRIM_INDEX_EVERY == 0
@@ -330,7 +331,6 @@ class JobStore:
                 names.results_key(job_id),
                 names.COMPLETIONS_STREAM,
                 names.LEASES,
-                names.LEASE_OWNERS,
                 backlog,
                 names.attempts_key(job_id),
                 names.webhooks_key(job_id),
@@ -349,6 +349,7 @@ class JobStore:
                 self.finished_ttl,
                 min(self.finished_ttl, RAN_TTL_SECONDS),
                 names.FINAL_CHANNEL,
+                names.owner_field(result.index),
             ],
         )
         if not isinstance(got, list):
@@ -384,9 +385,10 @@ class JobStore:
         running = StatusEvent(data={"id": sub.job_id, "status": JobStatus.RUNNING.value})
         outcome, detail = await self._acquire(
             keys=[names.job_key(sub.job_id), names.results_key(sub.job_id), names.LEASES,
-                  names.LEASE_OWNERS, names.attempts_key(sub.job_id), names.COMPLETIONS_STREAM],
+                  names.COMPLETIONS_STREAM],
             args=[sub.index, sub.member, worker, repr(lease_seconds), max_attempts, sub.job_id,
-                  "", names.events_channel(sub.job_id), running.encode()],
+                  names.owner_field(sub.index), names.attempts_field(sub.index),
+                  names.events_channel(sub.job_id), running.encode()],
         )
         outcome = LeaseOutcome(outcome.decode())
         counted = outcome in (LeaseOutcome.ACQUIRED, LeaseOutcome.EXHAUSTED)
@@ -395,22 +397,19 @@ class JobStore:
     async def renew_leases(self, members: list[str], worker: str, lease_seconds: float) -> int:
         if not members:
             return 0
-        return await self._renew(
-            keys=[names.LEASES, names.LEASE_OWNERS],
-            args=[worker, repr(lease_seconds), *members],
-        )
+        return await self._renew(keys=[names.LEASES, *_job_keys(members)],
+                                 args=[worker, repr(lease_seconds), *_with_owner_fields(members)])
 
     async def charge_attempts(self, members: list[str], worker: str) -> int:
         """Charge an attempt to each of `members` this worker leases: they start on the
         device now. Returns how many were charged."""
         if not members:
             return 0
-        jobs = [m.rpartition(":")[0] for m in members]
-        return await self._charge(
-            keys=[names.LEASES, names.LEASE_OWNERS, *map(names.attempts_key, jobs),
-                  *map(names.job_key, jobs)],
-            args=[worker, *members],
-        )
+        fields = []
+        for m in members:
+            index = names.split_member(m)[1]
+            fields += [names.owner_field(index), names.attempts_field(index)]
+        return await self._charge(keys=_job_keys(members), args=[worker, *fields])
 
     async def mark_sent(self, model: str, members: list[str]) -> None:
         """These outstanding sub-requests are being sent again: they count as sent now."""
@@ -424,9 +423,9 @@ class JobStore:
                                            args=[member, repr(sent)]))
 
     async def release_lease(self, member: str, worker: str) -> bool:
-        return bool(
-            await self._release(keys=[names.LEASES, names.LEASE_OWNERS], args=[member, worker])
-        )
+        job_id, index = names.split_member(member)
+        return bool(await self._release(keys=[names.LEASES, names.job_key(job_id)],
+                                         args=[member, worker, names.owner_field(index)]))
 
     async def hand_back_lease(self, sub: SubRequest, worker: str, new_owner: str,
                               charged: bool) -> bool:
@@ -435,8 +434,9 @@ class JobStore:
         it."""
         return bool(
             await self._hand_back(
-                keys=[names.LEASES, names.LEASE_OWNERS, names.attempts_key(sub.job_id)],
-                args=[sub.member, worker, new_owner, sub.index, "1" if charged else "0"],
+                keys=[names.LEASES, names.job_key(sub.job_id)],
+                args=[sub.member, worker, new_owner, names.owner_field(sub.index),
+                      names.attempts_field(sub.index), "1" if charged else "0"],
             )
         )
 
@@ -444,17 +444,33 @@ class JobStore:
                                    limit: int = 100) -> list[tuple[str, int]]:
         """Expired leases, each now held by `owner` (a `janitor:` name) for `hold_seconds`
         while it sends the sub-request again; it gives them up with `release_lease`."""
+        # The leases that expire first, read here so the script is told the records it writes;
+        # it takes only those that are still expired when it runs.
+        first = [m.decode() for m in await self.redis.zrange(names.LEASES, 0, limit - 1)]
+        if not first:
+            return []
         members = await self._claim_expired(
-            keys=[names.LEASES, names.LEASE_OWNERS], args=[limit, owner, repr(hold_seconds)]
+            keys=[names.LEASES, *_job_keys(first)],
+            args=[owner, repr(hold_seconds), *_with_owner_fields(first)],
         )
         out = []
         for m in members:
-            job_id, _, index = m.decode().rpartition(":")
+            job_id, index = names.split_member(m.decode())
             out.append((job_id, int(index)))
         return out
 
     async def attempts(self, job_id: str, index: int) -> int:
-        return int(await self.redis.hget(names.attempts_key(job_id), index) or 0)
+        return int(await self.redis.hget(names.job_key(job_id), names.attempts_field(index))
+                   or 0)
+
+    async def lease_owner(self, job_id: str, index: int) -> str | None:
+        """Who holds the sub-request's lease, if anyone (it may have expired)."""
+        owner = await self.redis.hget(names.job_key(job_id), names.owner_field(index))
+        return owner.decode() if owner else None
+
+    async def lease_owners(self, job_id: str) -> dict[int, str]:
+        """Who holds the lease of each of the job's sub-requests that one holds."""
+        return lease_owners_in(await self.redis.hgetall(names.job_key(job_id)))
 
     async def dead_letter(self, sub: SubRequest, result: SubResult) -> int:
         """Give a sub-request up: keep it in the dead-letter list for an operator, and store
@@ -496,3 +512,28 @@ def _record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
         error=JobError.model_validate_json(h["error"]) if h.get("error") else None,
         meta=JobMeta.model_validate_json(h["meta"]) if h.get("meta") else JobMeta(),
     )
+
+
+def _job_keys(members: list[str]) -> list[str]:
+    return [names.job_key(names.split_member(m)[0]) for m in members]
+
+
+def _with_owner_fields(members: list[str]) -> list[str]:
+    """Each member followed by its owner field, as the lease scripts take them."""
+    out = []
+    for m in members:
+        out += [m, names.owner_field(names.split_member(m)[1])]
+    return out
+
+
+def lease_owners_in(raw: dict[bytes, bytes]) -> dict[int, str]:
+    """The lease owners in a job's record (as HGETALL reads it), by sub-request index."""
+    prefix = names.OWNER_FIELD.encode()
+    return {int(k[len(prefix):]): v.decode() for k, v in raw.items()
+            if k.startswith(prefix) and v}
+
+
+def attempts_in(raw: dict[bytes, bytes]) -> dict[int, int]:
+    """The attempts in a job's record (as HGETALL reads it), by sub-request index."""
+    prefix = names.ATTEMPTS_FIELD.encode()
+    return {int(k[len(prefix):]): int(v) for k, v in raw.items() if k.startswith(prefix)}

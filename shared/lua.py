@@ -21,15 +21,16 @@ end
 
 # What a job's final change does besides its own fields and its announcement (FINALIZE, and
 # STORE_RESULT for a job of one sub-request): the record and its webhook deliveries get the
-# finished TTL, its attempts (needed only while it ran) `ran_ttl`; a `final` stream entry when
-# it wants a `completed` webhook (so that some API replica sends it even if the one that
-# finalized dies), and its deadline dropped. `has(c)` says what the job has: w webhook
-# deliveries, f a `completed` webhook, d a deadline.
+# finished TTL; a `final` stream entry when it wants a `completed` webhook (so that some API
+# replica sends it even if the one that finalized dies), and its deadline dropped. `has(c)` says
+# what the job has: w webhook deliveries, f a `completed` webhook, d a deadline, r its
+# sub-requests' attempts in its record (else, for a job stored by an older API, in a hash of
+# their own, given `ran_ttl`).
 _CLOSE_JOB = """
 local function close_job(job_key, attempts_key, webhooks_key, stream, deadlines, job, ttl,
                          ran_ttl, has)
   redis.call('EXPIRE', job_key, ttl)
-  redis.call('EXPIRE', attempts_key, ran_ttl)
+  if not has('r') then redis.call('EXPIRE', attempts_key, ran_ttl) end
   if has('w') then redis.call('EXPIRE', webhooks_key, ttl) end
   if has('f') then redis.call('XADD', stream, '*', 'job', job, 'kind', 'final') end
   if has('d') then redis.call('ZREM', deadlines, job) end
@@ -38,12 +39,16 @@ end
 
 # A token bucket (rate limits): takes `cost` tokens from the bucket at `key` at time `now` (the
 # Redis server's, so replicas with skewed clocks share one bucket fairly), and returns 0, or the
-# seconds until they could be taken (then nothing is taken).
+# seconds until they could be taken (then nothing is taken). The bucket is one string, "tokens
+# time", read and written with a command each.
 _TAKE_TOKENS = """
 local function take_tokens(key, now, rate, burst, cost)
-  local state = redis.call('HMGET', key, 'tokens', 'at')
-  local tokens = tonumber(state[1]) or burst
-  local at = tonumber(state[2]) or now
+  local tokens, at = burst, now
+  local state = redis.call('GET', key)
+  if state then
+    local t, a = string.match(state, '(%S+) (%S+)')
+    tokens, at = tonumber(t) or burst, tonumber(a) or now
+  end
   tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
   local wait = 0
   if tokens >= cost then
@@ -51,9 +56,9 @@ local function take_tokens(key, now, rate, burst, cost)
   else
     wait = (cost - tokens) / rate
   end
-  redis.call('HSET', key, 'tokens', tokens, 'at', now)
   -- Once full again the bucket is the same as no bucket; let it go.
-  redis.call('PEXPIRE', key, math.ceil((burst - tokens) / rate * 1000) + 1000)
+  redis.call('SET', key, string.format('%.6f %.6f', tokens, now), 'PX',
+             math.ceil((burst - tokens) / rate * 1000) + 1000)
   return wait
 end
 """
@@ -112,10 +117,9 @@ return tostring(now)
 # notice, the TTL of what ran it.
 # Returns the time it became final (completed_at), 0 if it already was, -1 if gone. In the same
 # step:
-# - the job's record (and its webhook deliveries) get the finished TTL; its results and
-#   attempts, needed only while it runs, a short one (the record's output holds every output,
-#   and a late sub-result or attempt of a final job is refused: STORE_RESULT,
-#   CHARGE_ATTEMPTS);
+# - the job's record (and its webhook deliveries) get the finished TTL; its results, needed
+#   only while it runs, a short one (the record's output holds every output, and a late
+#   sub-result of a final job is refused: STORE_RESULT);
 # - a `final` stream entry, when the job wants a `completed` webhook, so that it is sent by some
 #   API replica even if the one that finalized dies;
 # - every outstanding sub-request of the job leaves the backlog (a final job has none
@@ -128,7 +132,7 @@ FINALIZE = (
     + _NOW
     + _CLOSE_JOB
     + """
-local h = redis.call('HMGET', KEYS[1], 'status', 'total')
+local h = redis.call('HMGET', KEYS[1], 'status', 'total', 'fin')
 local cur = h[1]
 if not cur then return -1 end
 if is_final(cur) then return 0 end
@@ -140,7 +144,10 @@ else
   redis.call('HSET', KEYS[1], 'status', ARGV[1], 'output', ARGV[2], 'completed_at', completed)
 end
 local all = ARGV[6] == '*'
-local function has(c) return all or string.find(ARGV[6], c, 1, true) ~= nil end
+local function has(c)
+  if c == 'r' then return string.find(h[3] or '', 'r', 1, true) ~= nil end
+  return all or string.find(ARGV[6], c, 1, true) ~= nil
+end
 close_job(KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7], ARGV[5], ARGV[4], ARGV[10], has)
 redis.call('EXPIRE', KEYS[2], ARGV[10])
 if has('k') then
@@ -161,19 +168,20 @@ return completed
 """
 )
 
-# KEYS: job, results, completion stream, leases, owners, the model's backlog, attempts,
-# webhooks, deadlines.
+# KEYS: job, results, completion stream, leases, the model's backlog, attempts (of a job stored
+# by an older API), webhooks, deadlines.
 # ARGV: index, result json, job id, ok flag, lease member, worker, the job's events channel and
 # an event to publish on it with the result ('' for none: a text's final `output` event goes
 # out only with the result it describes, and before the completion that may end the job's event
 # streams), the job's output json when this result may end it ('' otherwise), the finished TTL,
-# the TTL of what ran it, the final channel.
+# the TTL of what ran it, the final channel, the sub-request's owner field.
 # Writes a sub-result once per (job, index) and announces it on the completion stream in the
 # same step, so a duplicate delivery can neither change the result nor count twice; the job's
 # `done` is the size of its results hash, set in the same step. The sub-request leaves the
-# model's backlog, and the worker's lease on it is released, in the same step.
+# model's backlog, and the worker's lease on it (if it still holds it) is released, in the same
+# step.
 # With an output, a job of one sub-request (its `fin` field, written at create, says what
-# FINALIZE's flags would: w, d, f) succeeds in this step instead: what FINALIZE does for it
+# FINALIZE's flags would: w, d, f, r) succeeds in this step instead: what FINALIZE does for it
 # (status, output, completed_at, TTLs, its deadline and its `final` stream entry when it has
 # them, the final channel), with no sub-result or completion entry written, as the record's
 # output holds the one result and no joiner needs to see it.
@@ -185,25 +193,30 @@ STORE_RESULT = (
     + _CLOSE_JOB
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'total', 'fin', 'created_at', 'started_at',
-                     'task')
+                     'task', ARGV[13])
 local st = h[1]
-if redis.call('HGET', KEYS[5], ARGV[5]) == ARGV[6] then
-  redis.call('ZREM', KEYS[4], ARGV[5])
-  redis.call('HDEL', KEYS[5], ARGV[5])
-end
-if not st then return -1 end
-redis.call('ZREM', KEYS[6], ARGV[5])
-if is_final(st) then return -2 end
-if ARGV[9] ~= '' and h[2] == '1' and h[3] then
+-- A job that is gone leaves nobody a lease on it worth keeping.
+if not st then redis.call('ZREM', KEYS[4], ARGV[5]) return -1 end
+local mine = h[7] == ARGV[6]
+if mine then redis.call('ZREM', KEYS[4], ARGV[5]) end
+redis.call('ZREM', KEYS[5], ARGV[5])
+if not is_final(st) and ARGV[9] ~= '' and h[2] == '1' and h[3] then
   local completed = tostring(now_seconds())
   if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
-  redis.call('HSET', KEYS[1], 'status', 'succeeded', 'output', ARGV[9],
-             'completed_at', completed, 'done', 1)
+  if mine then  -- the lease is given up in the same write: an empty owner is no owner
+    redis.call('HSET', KEYS[1], 'status', 'succeeded', 'output', ARGV[9],
+               'completed_at', completed, 'done', 1, ARGV[13], '')
+  else
+    redis.call('HSET', KEYS[1], 'status', 'succeeded', 'output', ARGV[9],
+               'completed_at', completed, 'done', 1)
+  end
   local function has(c) return string.find(h[3], c, 1, true) ~= nil end
-  close_job(KEYS[1], KEYS[7], KEYS[8], KEYS[3], KEYS[9], ARGV[3], ARGV[10], ARGV[11], has)
+  close_job(KEYS[1], KEYS[6], KEYS[7], KEYS[3], KEYS[8], ARGV[3], ARGV[10], ARGV[11], has)
   redis.call('PUBLISH', ARGV[12], ARGV[3])
   return {completed, h[4], h[5] or '', h[6]}
 end
+if mine then redis.call('HDEL', KEYS[1], ARGV[13]) end
+if is_final(st) then return -2 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
 redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
@@ -213,66 +226,76 @@ return 1
 """
 )
 
-# KEYS: job, results, leases, owners, attempts, completion stream.
-# ARGV: index, lease member, worker, lease seconds, max attempts, job id, (unused), the job's
-# events channel, the `running` status event.
+# A sub-request's lease is its member in the leases zset, scored with when it expires, and its
+# owner in its job's record (the field `owner:<index>`; empty or missing: none); the attempts it
+# was charged are the record's `attempts:<index>`. Keeping both in the record lets the scripts
+# read them with the job's status in one command. Every script that writes to a record first
+# checks that it is there, so none makes a record again after it expired.
+
+# KEYS: job, results, leases, completion stream.
+# ARGV: index, lease member, worker, lease seconds, max attempts, job id, the owner field, the
+# attempts field, the job's events channel, the `running` status event.
 # The first sub-request to start moves the job to running and publishes its status event; it
 # announces the start on the completion stream only when the job wants a `start` webhook (its
 # `hooks` field names the webhook events it wants; a job stored without one gets the entry).
 # A lease costs no attempt: an attempt is charged when the sub-request starts on the device
-# (CHARGE_ATTEMPT), so a worker lost while merely holding it costs it nothing.
+# (CHARGE_ATTEMPTS), so a worker lost while merely holding it costs it nothing.
 # Returns {status, detail}: 'acquired' (the attempt it becomes if it runs), 'done', 'final',
 # 'gone', 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempts used).
 ACQUIRE_LEASE = (
     _FINAL
     + _NOW
     + """
-local h = redis.call('HMGET', KEYS[1], 'status', 'hooks')
+local h = redis.call('HMGET', KEYS[1], 'status', 'hooks', 'total', 'done', ARGV[7], ARGV[8])
 local st = h[1]
 if not st then return {'gone', ''} end
 if is_final(st) then return {'final', st} end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'done', ''} end
+-- A job of one sub-request has its result exactly when its `done` says so (STORE_RESULT sets
+-- both in one step); a job stored before `done` was kept is asked its results.
+if h[3] == '1' and h[4] then
+  if h[4] ~= '0' then return {'done', ''} end
+elseif redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  return {'done', ''}
+end
 local now = now_seconds()
 -- A live lease means some delivery is running it now (on this worker or another); one the
 -- janitor holds while it sends the sub-request again is this delivery's to take.
-local exp = redis.call('ZSCORE', KEYS[3], ARGV[2])
-if exp and tonumber(exp) > now then
-  local owner = redis.call('HGET', KEYS[4], ARGV[2]) or ''
-  if string.sub(owner, 1, 8) ~= 'janitor:' then return {'busy', owner} end
+local owner = h[5] or ''
+if owner ~= '' and string.sub(owner, 1, 8) ~= 'janitor:' then
+  local exp = redis.call('ZSCORE', KEYS[3], ARGV[2])
+  if exp and tonumber(exp) > now then return {'busy', owner} end
 end
-local n = tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0')
+local n = tonumber(h[6] or '0')
 if n >= tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[2])
-redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
 if st == 'queued' then
   -- started_at is set with the first move out of queued, and no script moves a job back.
-  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', tostring(now))
-  redis.call('PUBLISH', ARGV[8], ARGV[9])
+  redis.call('HSET', KEYS[1], ARGV[7], ARGV[3], 'status', 'running',
+             'started_at', tostring(now))
+  redis.call('PUBLISH', ARGV[9], ARGV[10])
   if not h[2] or string.find(h[2], 'start', 1, true) then
-    redis.call('XADD', KEYS[6], '*', 'job', ARGV[6], 'kind', 'started')
+    redis.call('XADD', KEYS[4], '*', 'job', ARGV[6], 'kind', 'started')
   end
+else
+  redis.call('HSET', KEYS[1], ARGV[7], ARGV[3])
 end
 return {'acquired', tostring(n + 1)}
 """
 )
 
-# KEYS: leases, owners, then the attempts hash of each member's job, then each member's job.
-# ARGV: worker, members...
+# KEYS: each member's job. ARGV: worker, then each member's owner field and attempts field.
 # A batch is about to start on the device: each of its sub-requests that this worker still
 # leases is charged one attempt. Only what starts is charged, so when a worker is lost only what
 # it was running pays for it (a poison sub-request that crashes its worker still runs out of
-# attempts). A member whose job is final or gone is not charged: its attempts may have expired
-# already, and a charge would make them again, with no TTL. Returns how many were charged.
+# attempts). A member whose job is final or gone is not charged. Returns how many were charged.
 CHARGE_ATTEMPTS = (
     _FINAL
     + """
 local n = 0
-local members = #ARGV - 1
-for i = 2, #ARGV do
-  local m = ARGV[i]
-  local st = redis.call('HGET', KEYS[members + i + 1], 'status')
-  if st and not is_final(st) and redis.call('HGET', KEYS[2], m) == ARGV[1] then
-    redis.call('HINCRBY', KEYS[i + 1], string.match(m, ':(%d+)$'), 1)
+for i = 1, #KEYS do
+  local h = redis.call('HMGET', KEYS[i], 'status', ARGV[2 * i])
+  if h[1] and not is_final(h[1]) and h[2] == ARGV[1] then
+    redis.call('HINCRBY', KEYS[i], ARGV[2 * i + 1], 1)
     n = n + 1
   end
 end
@@ -280,16 +303,17 @@ return n
 """
 )
 
-# KEYS: leases, owners. ARGV: worker, lease seconds, members...
+# KEYS: leases, then each member's job. ARGV: worker, lease seconds, then each member and its
+# owner field.
 # Renews only the leases this worker still owns (the janitor may have taken one away).
 RENEW_LEASES = (
     _NOW
     + """
 local expiry = now_seconds() + tonumber(ARGV[2])
 local n = 0
-for i = 3, #ARGV do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[1] then
-    redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[i])
+for i = 2, #KEYS do
+  if redis.call('HGET', KEYS[i], ARGV[2 * i]) == ARGV[1] then
+    redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[2 * i - 1])
     n = n + 1
   end
 end
@@ -297,46 +321,63 @@ return n
 """
 )
 
-# KEYS: leases, owners. ARGV: member, worker.
+# KEYS: leases, the member's job. ARGV: member, worker, owner field.
+# Gives a lease up if `worker` holds it; a lease on a job that is gone goes whoever held it.
 RELEASE_LEASE = """
-if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
+local owner = redis.call('HGET', KEYS[2], ARGV[3])
+if owner == ARGV[2] then
   redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[3])
   return 1
 end
+if not owner and redis.call('EXISTS', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[1]) end
 return 0
 """
 
-# KEYS: leases, owners, attempts. ARGV: member, worker, hand-back owner, index, '1' when it was
-# charged an attempt while this worker held it.
+# KEYS: leases, the member's job. ARGV: member, worker, hand-back owner, owner field, attempts
+# field, '1' when it was charged an attempt while this worker held it.
 # A draining worker gives a lease up: expired for every clock and renamed, so its heartbeat can
 # no longer renew it and a new delivery takes it at once; the attempt it was charged is given
 # back (a drain is not a lost worker). Returns 1 when this worker held the lease, else 0.
 HAND_BACK_LEASE = """
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+local h = redis.call('HMGET', KEYS[2], ARGV[4], ARGV[5])
+if h[1] ~= ARGV[2] then return 0 end
 redis.call('ZADD', KEYS[1], 0, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-if ARGV[5] == '1' and tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0') > 0 then
-  redis.call('HINCRBY', KEYS[3], ARGV[4], -1)
+if ARGV[6] == '1' and tonumber(h[2] or '0') > 0 then
+  redis.call('HSET', KEYS[2], ARGV[4], ARGV[3], ARGV[5], tonumber(h[2]) - 1)
+else
+  redis.call('HSET', KEYS[2], ARGV[4], ARGV[3])
 end
 return 1
 """
 
-# KEYS: leases, owners. ARGV: limit, janitor owner ('janitor:<replica>'), hold seconds.
-# Takes expired leases over atomically, so exactly one janitor (of several API replicas)
-# handles each: the janitor holds the lease while it sends the sub-request again (so the orphan
-# sweep leaves it alone) and gives it up after; a delivery may take a janitor's lease at once
-# (ACQUIRE_LEASE). Should the janitor die first, its lease expires and is taken over again.
+# KEYS: leases, then the job of each candidate. ARGV: janitor owner ('janitor:<replica>'), hold
+# seconds, then each candidate member and its owner field (the leases that expire first, as the
+# caller read them).
+# Takes the candidates' expired leases over atomically, so exactly one janitor (of several API
+# replicas) handles each: the janitor holds the lease while it sends the sub-request again (so
+# the orphan sweep leaves it alone) and gives it up after; a delivery may take a janitor's lease
+# at once (ACQUIRE_LEASE). Should the janitor die first, its lease expires and is taken over
+# again. A lease on a job that is gone is dropped. Returns the members taken.
 CLAIM_EXPIRED = (
     _NOW
     + """
 local now = now_seconds()
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])
-for _, m in ipairs(members) do
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), m)
-  redis.call('HSET', KEYS[2], m, ARGV[2])
+local taken = {}
+for i = 2, #KEYS do
+  local m = ARGV[2 * i - 1]
+  local exp = redis.call('ZSCORE', KEYS[1], m)
+  if exp and tonumber(exp) <= now then
+    if redis.call('EXISTS', KEYS[i]) == 0 then
+      redis.call('ZREM', KEYS[1], m)
+    else
+      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), m)
+      redis.call('HSET', KEYS[i], ARGV[2 * i], ARGV[1])
+      taken[#taken + 1] = m
+    end
+  end
 end
-return members
+return taken
 """
 )
 

@@ -6,7 +6,6 @@ RUN_SUBREQUEST_TASK = "fibermill.run_subrequest"
 COMPLETIONS_STREAM = f"{PREFIX}:completions"
 JOINER_GROUP = "joiners"
 LEASES = f"{PREFIX}:leases"
-LEASE_OWNERS = f"{PREFIX}:lease_owners"
 DEAD_LETTER = f"{PREFIX}:deadletter"
 DISPATCHING = f"{PREFIX}:dispatching"
 DEADLINES = f"{PREFIX}:deadlines"
@@ -38,7 +37,29 @@ def results_key(job_id: str) -> str:
 
 
 def attempts_key(job_id: str) -> str:
+    """Where a job stored by an older API kept its sub-requests' attempts; now they are its
+    record's `attempts_field`s. Read by nothing any more; given a TTL when such a job ends."""
     return f"{PREFIX}:job:{job_id}:attempts"
+
+
+OWNER_FIELD = "owner:"
+ATTEMPTS_FIELD = "attempts:"
+
+
+def owner_field(index: int | str) -> str:
+    """The field of a job's record naming the holder of its sub-request's lease."""
+    return f"{OWNER_FIELD}{index}"
+
+
+def attempts_field(index: int | str) -> str:
+    """The field of a job's record counting its sub-request's attempts (starts on a device)."""
+    return f"{ATTEMPTS_FIELD}{index}"
+
+
+def split_member(member: str) -> tuple[str, str]:
+    """A sub-request's member ("jobid:index"): its job id and its index."""
+    job_id, _, index = member.rpartition(":")
+    return job_id, index
 
 
 def webhooks_key(job_id: str) -> str:
@@ -75,8 +96,9 @@ def webhook_throttle_key(job_id: str) -> str:
 
 
 def ratelimit_key(who: str) -> str:
-    """One caller's job-submission token bucket ("key:<id>", "ip:<addr>" or "anonymous")."""
-    return f"{PREFIX}:ratelimit:{who}"
+    """One caller's job-submission token bucket ("key:<id>", "ip:<addr>" or "anonymous"): a
+    string "tokens time". (Older APIs kept a hash under `fm:ratelimit:<who>`.)"""
+    return f"{PREFIX}:bucket:{who}"
 
 
 # OpenAI Files and Batch API (services/api/batches/).

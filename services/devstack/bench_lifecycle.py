@@ -26,14 +26,14 @@ def cancel_to_free(http: httpx.Client, r: redis.Redis, n: int) -> dict:
     for _ in range(n):
         job = http.post("/v1/jobs", json={"task": "image-generation", "model": "digits",
                                           "input": {"prompts": ["5"], "steps": 50}}).json()
-        member = f"{job['id']}:0"
         deadline = time.monotonic() + 30
-        while not r.hexists(names.LEASE_OWNERS, member) and time.monotonic() < deadline:
+        owner = names.job_key(job["id"]), names.owner_field(0)
+        while not r.hget(*owner) and time.monotonic() < deadline:
             time.sleep(0.002)
         time.sleep(0.4)  # into the run (about a third of it on a CPU)
         t0 = time.perf_counter()
         http.post(f"/v1/jobs/{job['id']}/cancel")
-        while r.hexists(names.LEASE_OWNERS, member):
+        while r.hget(*owner):
             time.sleep(0.001)
         xs.append(time.perf_counter() - t0)
     return _stats(xs)

@@ -106,6 +106,6 @@ def test_invalid_and_replayed_submissions_take_no_token(client):
 
 
 def test_bucket_keys():
-    assert bucket_key(Principal("0123abcd")) == "fm:ratelimit:key:0123abcd"
-    assert bucket_key(Principal(None, "10.0.0.7")) == "fm:ratelimit:ip:10.0.0.7"
-    assert bucket_key(Principal(None)) == "fm:ratelimit:anonymous"
+    assert bucket_key(Principal("0123abcd")) == "fm:bucket:key:0123abcd"
+    assert bucket_key(Principal(None, "10.0.0.7")) == "fm:bucket:ip:10.0.0.7"
+    assert bucket_key(Principal(None)) == "fm:bucket:anonymous"

@@ -20,6 +20,7 @@ from services.devstack.processes import start_api, start_workers, stop
 from services.devstack.redis_server import free_port
 from services.worker.drain import DRAIN_STOP_GRACE_SECONDS
 from shared import names
+from shared.jobstore import attempts_in, lease_owners_in
 from shared.messages import WorkerHeartbeat
 
 pytestmark = pytest.mark.e2e
@@ -157,7 +158,7 @@ def wait_all_held(r: redis.Redis, job_id: str, total: int, timeout: float = 60) 
     """Until every sub-request of the job is leased (running) or done."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        leased = sum(1 for m in r.hkeys(names.LEASE_OWNERS) if m.decode().startswith(job_id))
+        leased = len(lease_owners_in(r.hgetall(names.job_key(job_id))))
         if leased + r.hlen(names.results_key(job_id)) >= total:
             return
         time.sleep(0.01)
@@ -180,8 +181,8 @@ def completed_once(r: redis.Redis, job_id: str, total: int) -> None:
 
 
 def attempts(r: redis.Redis, job_id: str) -> list[int]:
-    raw = r.hgetall(names.attempts_key(job_id))
-    return [int(raw[str(i).encode()]) for i in range(len(raw))]
+    charged = attempts_in(r.hgetall(names.job_key(job_id)))
+    return [charged[i] for i in range(len(charged))]
 
 
 def nothing_left_in_the_broker(r: redis.Redis) -> None:

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from shared import names
+from shared.jobstore import attempts_in, lease_owners_in
 
 pytestmark = pytest.mark.e2e
 
@@ -109,13 +110,11 @@ def test_sigkilled_worker_loses_nothing(stack):
     deadline = time.time() + 60
     running = {}
     while time.time() < deadline and not running:
-        owners = {k.decode(): v.decode() for k, v in stack.redis.hgetall(names.LEASE_OWNERS).items()
-                  if k.decode().startswith(job["id"])}
+        raw = stack.redis.hgetall(names.job_key(job["id"]))
         # Started on the device: an attempt is charged only then (a leased sub-request may
         # still be waiting in its worker's batcher).
-        charged = {i.decode() for i, n in stack.redis.hgetall(names.attempts_key(job["id"])).items()
-                   if int(n) >= 1}
-        running = {m: o for m, o in owners.items() if m.rsplit(":", 1)[1] in charged}
+        charged = {i for i, n in attempts_in(raw).items() if n >= 1}
+        running = {i: o for i, o in lease_owners_in(raw).items() if i in charged}
         time.sleep(0.02)
     assert running, "no sub-request of the job started"
     victim = int(next(iter(running.values())).rsplit("/", 1)[1])
@@ -131,7 +130,7 @@ def test_sigkilled_worker_loses_nothing(stack):
     # may be gone by now, but none may be there twice.
     assert len(indices) == len(set(indices)) and set(indices) <= {b"0", b"1"}
     # The killed sub-request ran on another worker after it, as a second attempt.
-    assert max(int(v) for v in stack.redis.hvals(names.attempts_key(job["id"]))) >= 2
+    assert max(attempts_in(stack.redis.hgetall(names.job_key(job["id"]))).values()) >= 2
 
 
 def test_models_lists_live_workers(stack):

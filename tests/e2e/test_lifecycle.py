@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared import names
+from shared.jobstore import lease_owners_in
 
 pytestmark = pytest.mark.e2e
 
@@ -21,9 +22,7 @@ def _metric(text: str, name: str, **labels) -> float:
 
 
 def _leases(stack, job_id: str) -> list[str]:
-    return [
-        k.decode() for k in stack.redis.hkeys(names.LEASE_OWNERS) if k.decode().startswith(job_id)
-    ]
+    return [f"{job_id}:{i}" for i in lease_owners_in(stack.redis.hgetall(names.job_key(job_id)))]
 
 
 def test_cancel_a_queued_job_runs_nothing(stack):

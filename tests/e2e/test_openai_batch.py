@@ -142,6 +142,10 @@ def test_a_batch_cancelled_half_way(client, stack):
     assert sum(stack.redis.zcard(names.backlog_key(m)) for m in ("tiny-gpt2", "pydoc-gpt2")) == 0
 
 
+def _leased(stack) -> list[str]:
+    return [m.decode() for m in stack.redis.zrange(names.LEASES, 0, -1)]
+
+
 def test_a_worker_killed_during_a_batch_loses_no_line(client, stack):
     lines = [_completion(f"kill-{i}", 32) if i % 2 else _chat(f"kill-{i}", 32)
              for i in range(80)]
@@ -150,7 +154,8 @@ def test_a_worker_killed_during_a_batch_loses_no_line(client, stack):
     deadline = time.time() + 60
     owners: list[str] = []
     while time.time() < deadline and not owners:
-        owners = [v.decode() for v in stack.redis.hvals(names.LEASE_OWNERS)]
+        owners = [o.decode() for o in (stack.redis.hget(names.job_key(j), names.owner_field(i))
+                                        for j, i in map(names.split_member, _leased(stack))) if o]
         time.sleep(0.02)
     assert owners, "no line of the batch started"
     os.kill(int(owners[0].rsplit("/", 1)[1]), signal.SIGKILL)

@@ -8,7 +8,7 @@ import pytest
 from shared import names
 from shared.errors import JobNotFound
 from shared.job import JobStatus
-from shared.jobstore import RAN_TTL_SECONDS, JobStore
+from shared.jobstore import RAN_TTL_SECONDS, Finished, JobStore
 from shared.messages import GeneratedText, SubRequest, SubResult, TextItem
 
 FINALS = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED]
@@ -67,8 +67,9 @@ async def test_concurrent_finalize_has_one_winner(store):
 
 async def test_a_finished_job_keeps_its_record_for_the_ttl_and_drops_what_ran_it(store,
                                                                                   aredis):
-    """Redis holds what is live: the record (with every output) stays for the finished TTL;
-    the sub-results and attempts, needed only while the job ran, go within minutes."""
+    """Redis holds what is live: the record (with every output, and the attempts its
+    sub-requests were charged) stays for the finished TTL; the sub-results, needed only while
+    the job ran, go within minutes."""
     await _job(store)
     sub = _sub()
     await store.acquire_lease(sub, "w1", 30, 3)
@@ -77,8 +78,27 @@ async def test_a_finished_job_keeps_its_record_for_the_ttl_and_drops_what_ran_it
     await store.finalize("j1", JobStatus.SUCCEEDED, [{"text": "x"}])
     assert 0 < await aredis.ttl(names.job_key("j1")) <= 3600
     assert (await store.get("j1")).output == [{"text": "x"}]
-    for key in (names.results_key("j1"), names.attempts_key("j1")):
-        assert 0 < await aredis.ttl(key) <= RAN_TTL_SECONDS
+    assert 0 < await aredis.ttl(names.results_key("j1")) <= RAN_TTL_SECONDS
+    assert await store.attempts("j1", 0) == 1
+    assert not await aredis.exists(names.attempts_key("j1"))
+
+
+@pytest.mark.parametrize("finish", ["finalize", "last_result"])
+async def test_an_older_apis_job_has_its_attempts_hash_expired_when_it_ends(store, aredis,
+                                                                            finish):
+    """A job stored by an older API (no `r` in its `fin`) may have an attempts hash of its
+    own, charged by an older worker: it gets the short TTL when the job ends, either way."""
+    await _job(store, total=1)
+    await aredis.hset(names.job_key("j1"), "fin", "")
+    await aredis.hset(names.attempts_key("j1"), "0", 1)
+    if finish == "finalize":
+        await store.store_result("j1", SubResult(index=0, output=_text("x")))
+        await store.finalize("j1", JobStatus.SUCCEEDED, [{"text": "x"}])
+    else:
+        got = await store.store_last_result("j1", SubResult(index=0, output=_text("x")),
+                                            {"text": "x"})
+        assert isinstance(got, Finished)
+    assert 0 < await aredis.ttl(names.attempts_key("j1")) <= RAN_TTL_SECONDS
 
 
 async def test_a_final_jobs_late_sub_request_leaves_nothing_behind(store, aredis):
@@ -88,13 +108,34 @@ async def test_a_final_jobs_late_sub_request_leaves_nothing_behind(store, aredis
     sub = _sub()
     await store.acquire_lease(sub, "w1", 30, 3)
     await store.finalize("j1", JobStatus.CANCELED, [None, None])
-    await aredis.delete(names.results_key("j1"), names.attempts_key("j1"))  # expired
+    await aredis.delete(names.results_key("j1"))  # expired
     assert await store.charge_attempts([sub.member], "w1") == 0
+    assert await store.attempts("j1", 0) == 0
     assert await store.store_result("j1", SubResult(index=0, output=_text("late"),
                                                     worker="w1")) == -2
-    for key in (names.results_key("j1"), names.attempts_key("j1")):
-        assert not await aredis.exists(key)
+    assert not await aredis.exists(names.results_key("j1"))
     assert await aredis.ttl(names.job_key("j1")) > 0
+    # Its lease went with the refused result.
+    assert await aredis.zscore(names.LEASES, sub.member) is None
+    assert await store.lease_owner("j1", 0) is None
+
+
+async def test_a_gone_jobs_record_is_never_made_again(store, aredis):
+    """Leases and attempts live in the job's record: once the record expired, no charge,
+    renewal, hand-back, claim or result makes it again, and its lease is dropped."""
+    await _job(store)
+    sub = _sub()
+    await store.acquire_lease(sub, "w1", 0.05, 3)
+    await aredis.delete(names.job_key("j1"))  # expired
+    assert await store.charge_attempts([sub.member], "w1") == 0
+    assert await store.renew_leases([sub.member], "w1", 30) == 0
+    assert not await store.hand_back_lease(sub, "w1", "w1#handback", charged=False)
+    await asyncio.sleep(0.1)
+    assert await store.claim_expired_leases("janitor:x") == []
+    assert await aredis.zscore(names.LEASES, sub.member) is None
+    assert await store.store_result("j1", SubResult(index=0, output=_text("x"),
+                                                    worker="w1")) == -1
+    assert not await aredis.exists(names.job_key("j1"))
 
 
 async def test_concurrent_duplicate_results_are_written_once(store, aredis):
@@ -273,14 +314,14 @@ async def test_done_counts_the_results_and_the_store_releases_the_lease(store, a
     r = SubResult(index=2, output=_text("x"), worker="w1")
     assert await store.store_result("j1", r, model="tiny-gpt2") == 1
     assert await aredis.zscore(names.LEASES, sub.member) is None
-    assert await aredis.hget(names.LEASE_OWNERS, sub.member) is None
+    assert await store.lease_owner("j1", sub.index) is None
     assert (await store.get("j1")).done == 1
     rec, results = await store.get_with_results("j1")
     assert rec.done == 1 and list(results) == [2] and results[2].output == _text("x")
     # Another worker's lease is left alone.
     await store.acquire_lease(_sub(index=0), "w2", 30, 3)
     await store.store_result("j1", SubResult(index=0, output=_text("y"), worker="w1"))
-    assert await aredis.hget(names.LEASE_OWNERS, "j1:0") == b"w2"
+    assert await store.lease_owner("j1", 0) == "w2"
 
 
 async def test_the_first_start_is_an_event_and_an_entry_only_for_a_start_webhook(store, aredis):
@@ -331,8 +372,7 @@ async def test_finalize_announces_the_job_and_returns_it_as_stored(store, aredis
     kinds = [f[b"kind"] for _id, f in await aredis.xrange(names.COMPLETIONS_STREAM)]
     assert kinds == [b"result"]
     assert 0 < await aredis.ttl(names.job_key("j1")) <= 3600
-    for key in (names.results_key("j1"), names.attempts_key("j1")):
-        assert 0 < await aredis.ttl(key) <= RAN_TTL_SECONDS
+    assert 0 < await aredis.ttl(names.results_key("j1")) <= RAN_TTL_SECONDS
 
 
 async def test_finalize_takes_a_job_with_a_deadline_out_of_the_deadlines(store, aredis):
@@ -360,8 +400,6 @@ async def _leased_one(store: JobStore, meta=None) -> SubRequest:
 
 
 async def test_a_one_prompt_jobs_last_result_makes_it_final_in_the_same_step(store, aredis):
-    from shared.jobstore import Finished
-
     pubsub = aredis.pubsub()
     await pubsub.subscribe(names.FINAL_CHANNEL, names.CANCEL_CHANNEL)
     sub = await _leased_one(store)
@@ -373,13 +411,13 @@ async def test_a_one_prompt_jobs_last_result_makes_it_final_in_the_same_step(sto
         "text-generation", rec.created_at, rec.started_at, rec.completed_at)
     assert rec.status == JobStatus.SUCCEEDED and rec.output == [ONE_OUTPUT] and rec.done == 1
     assert await _heard(pubsub) == [(names.FINAL_CHANNEL.encode(), b"j1")]  # no cancel
-    # Lease released, out of the backlog, nothing for a joiner, what ran it on a short TTL.
+    # Lease released, out of the backlog, nothing for a joiner; its attempt in the record.
     assert await aredis.zscore(names.LEASES, sub.member) is None
-    assert not await aredis.hexists(names.LEASE_OWNERS, sub.member)
+    assert await store.lease_owner("j1", sub.index) is None
     assert await aredis.zscore(names.backlog_key("tiny-gpt2"), sub.member) is None
     assert await aredis.xlen(names.COMPLETIONS_STREAM) == 0
     assert not await aredis.exists(names.results_key("j1"))
-    assert 0 < await aredis.ttl(names.attempts_key("j1")) <= RAN_TTL_SECONDS
+    assert await store.attempts("j1", 0) == 1
     assert 0 < await aredis.ttl(names.job_key("j1")) <= 3600
     # A second delivery's result is refused; the output stays.
     assert await store.store_last_result("j1", SubResult(index=0, output=_text("y")),

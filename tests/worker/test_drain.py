@@ -57,7 +57,7 @@ def _in_background(rt: WorkerRuntime, sub: SubRequest) -> dict:
 
 def _leases(rt: WorkerRuntime):
     r = rt.redis
-    return rt.call(r.zrange(names.LEASES, 0, -1)), rt.call(r.hgetall(names.LEASE_OWNERS))
+    return rt.call(r.zrange(names.LEASES, 0, -1)), rt.call(rt.store.lease_owners(JOB))
 
 
 def test_past_the_deadline_a_sub_request_goes_back_to_its_queue(runtime, redis_url):
@@ -121,7 +121,7 @@ def test_a_sub_request_that_ignores_its_stop_is_left_to_the_janitor(runtime, mon
     # The lease is expired (the janitor re-sends it at once), renamed (no renewal revives it),
     # and its attempt given back.
     assert runtime.call(runtime.redis.zscore(names.LEASES, sub.member)) == 0
-    owner = runtime.call(runtime.redis.hget(names.LEASE_OWNERS, sub.member)).decode()
+    owner = runtime.call(runtime.store.lease_owner(JOB, 0))
     assert owner == drain.handback_owner(runtime.id)
     assert runtime.call(runtime.store.renew_leases([sub.member], runtime.id, 10)) == 0
     assert runtime.call(runtime.store.attempts(JOB, 0)) == 0
