@@ -97,6 +97,7 @@ class JobStore:
         self._acquire = redis.register_script(lua.ACQUIRE_LEASE)
         self._renew = redis.register_script(lua.RENEW_LEASES)
         self._release = redis.register_script(lua.RELEASE_LEASE)
+        self._expired = redis.register_script(lua.EXPIRED_LEASES)
         self._claim_expired = redis.register_script(lua.CLAIM_EXPIRED)
         self._hand_back = redis.register_script(lua.HAND_BACK_LEASE)
         self._create = redis.register_script(lua.CREATE_JOB)
@@ -444,9 +445,9 @@ class JobStore:
                                    limit: int = 100) -> list[tuple[str, int]]:
         """Expired leases, each now held by `owner` (a `janitor:` name) for `hold_seconds`
         while it sends the sub-request again; it gives them up with `release_lease`."""
-        # The leases that expire first, read here so the script is told the records it writes;
-        # it takes only those that are still expired when it runs.
-        first = [m.decode() for m in await self.redis.zrange(names.LEASES, 0, limit - 1)]
+        # Read first, so that the script that takes them is told the records it writes; it
+        # takes only those still expired when it runs.
+        first = [m.decode() for m in await self._expired(keys=[names.LEASES], args=[limit])]
         if not first:
             return []
         members = await self._claim_expired(

@@ -351,9 +351,17 @@ end
 return 1
 """
 
+# KEYS: leases. ARGV: limit. The members whose lease has expired, the earliest first (read only:
+# CLAIM_EXPIRED takes them, told their jobs' records).
+EXPIRED_LEASES = (
+    _NOW
+    + """
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_seconds(), 'LIMIT', 0, ARGV[1])
+"""
+)
+
 # KEYS: leases, then the job of each candidate. ARGV: janitor owner ('janitor:<replica>'), hold
-# seconds, then each candidate member and its owner field (the leases that expire first, as the
-# caller read them).
+# seconds, then each candidate member and its owner field (EXPIRED_LEASES' answer).
 # Takes the candidates' expired leases over atomically, so exactly one janitor (of several API
 # replicas) handles each: the janitor holds the lease while it sends the sub-request again (so
 # the orphan sweep leaves it alone) and gives it up after; a delivery may take a janitor's lease
