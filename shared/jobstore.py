@@ -82,6 +82,7 @@ class Finished:
 class LeaseGrant:
     outcome: LeaseOutcome
     attempt: int = 0  # the attempt this is (acquired) or would have been (exhausted)
+    watched: bool = True  # acquired: the job's live events are wanted (lua._WATCHED)
 
 
 def _f(v: bytes | None) -> float | None:
@@ -98,6 +99,7 @@ class JobStore:
         self._renew = redis.register_script(lua.RENEW_LEASES)
         self._release = redis.register_script(lua.RELEASE_LEASE)
         self._expired = redis.register_script(lua.EXPIRED_LEASES)
+        self._watch = redis.register_script(lua.WATCH_JOB)
         self._claim_expired = redis.register_script(lua.CLAIM_EXPIRED)
         self._hand_back = redis.register_script(lua.HAND_BACK_LEASE)
         self._create = redis.register_script(lua.CREATE_JOB)
@@ -112,7 +114,7 @@ class JobStore:
     async def create(
         self, job_id: str, task: str, model: str, input: dict[str, Any], total: int,
         meta: JobMeta | None = None, enqueue: Enqueue | None = None,
-        bucket: TokenBucket | None = None,
+        bucket: TokenBucket | None = None, watched: bool = False,
     ) -> JobRecord:
         """Store a new job and put its sub-requests in the model's backlog, in one step.
 
@@ -120,7 +122,8 @@ class JobStore:
         the caller sends them and then calls `mark_dispatched`; until then the job is marked as
         being dispatched, so that if the caller dies half-way the janitor sends the rest.
         With `bucket`, the job first takes a token from it; with none left, nothing is stored
-        and RateLimited says how long until one is back.
+        and RateLimited says how long until one is back. `watched`: a live event stream
+        listens to it from the start (see `watch`).
         Called again with the same id (a retry after a lost reply), it stores and sends nothing
         and returns the job as stored."""
         meta = meta or JobMeta()
@@ -141,6 +144,8 @@ class JobStore:
             # kept in this record.
             "fin": _final_flags(meta) + "r",
         }
+        if watched:
+            mapping["watch"] = "1"
         fields = [str(x) for kv in mapping.items() for x in kv]
         trim = next(self._creates) % TRIM_INDEX_EVERY == 0
         created = await self._create(
@@ -384,7 +389,7 @@ class JobStore:
         self, sub: SubRequest, worker: str, lease_seconds: float, max_attempts: int
     ) -> LeaseGrant:
         running = StatusEvent(data={"id": sub.job_id, "status": JobStatus.RUNNING.value})
-        outcome, detail = await self._acquire(
+        outcome, detail, *live = await self._acquire(
             keys=[names.job_key(sub.job_id), names.results_key(sub.job_id), names.LEASES,
                   names.COMPLETIONS_STREAM],
             args=[sub.index, sub.member, worker, repr(lease_seconds), max_attempts, sub.job_id,
@@ -393,7 +398,15 @@ class JobStore:
         )
         outcome = LeaseOutcome(outcome.decode())
         counted = outcome in (LeaseOutcome.ACQUIRED, LeaseOutcome.EXHAUSTED)
-        return LeaseGrant(outcome, int(detail) if counted else 0)
+        return LeaseGrant(outcome, int(detail) if counted else 0,
+                          watched=bool(live) and live[0] == b"1")
+
+    async def watch(self, job_id: str) -> bool:
+        """A live event stream watches the job: its events are published from now on (the
+        scripts', and, told on `names.WATCH_CHANNEL`, its workers'). A job nobody watches has
+        none made. False when it is final or gone."""
+        return bool(await self._watch(keys=[names.job_key(job_id)],
+                                      args=[names.WATCH_CHANNEL, job_id]))
 
     async def renew_leases(self, members: list[str], worker: str, lease_seconds: float) -> int:
         if not members:

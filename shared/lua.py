@@ -10,6 +10,15 @@ local function is_final(s)
 end
 """
 
+# Whether a job's live events are wanted: a live stream watches it (its `watch` field, set by
+# WATCH_JOB or at create), or it was stored by an older API (no `r` in its `fin`), whose streams
+# expect them all. Events nobody hears are not published.
+_WATCHED = """
+local function watched(watch, fin)
+  return watch == '1' or not string.find(fin or '', 'r', 1, true)
+end
+"""
+
 # Every time a script decides on (lease expiry, deadlines, what counts as sent long ago) or
 # stamps on a job is the Redis server's, never a caller's: API hosts and workers may disagree.
 _NOW = """
@@ -171,10 +180,11 @@ return completed
 # KEYS: job, results, completion stream, leases, the model's backlog, attempts (of a job stored
 # by an older API), webhooks, deadlines.
 # ARGV: index, result json, job id, ok flag, lease member, worker, the job's events channel and
-# an event to publish on it with the result ('' for none: a text's final `output` event goes
-# out only with the result it describes, and before the completion that may end the job's event
-# streams), the job's output json when this result may end it ('' otherwise), the finished TTL,
-# the TTL of what ran it, the final channel, the sub-request's owner field.
+# an event to publish on it with the result, when its live events are wanted (_WATCHED; '' for
+# none: a text's final `output` event goes out only with the result it describes, and before the
+# completion that may end the job's event streams), the job's output json when this result may
+# end it ('' otherwise), the finished TTL, the TTL of what ran it, the final channel, the
+# sub-request's owner field.
 # Writes a sub-result once per (job, index) and announces it on the completion stream in the
 # same step, so a duplicate delivery can neither change the result nor count twice; the job's
 # `done` is the size of its results hash, set in the same step. The sub-request leaves the
@@ -191,18 +201,20 @@ STORE_RESULT = (
     _FINAL
     + _NOW
     + _CLOSE_JOB
+    + _WATCHED
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'total', 'fin', 'created_at', 'started_at',
-                     'task', ARGV[13])
+                     'task', ARGV[13], 'watch')
 local st = h[1]
 -- A job that is gone leaves nobody a lease on it worth keeping.
 if not st then redis.call('ZREM', KEYS[4], ARGV[5]) return -1 end
 local mine = h[7] == ARGV[6]
+local publish = ARGV[8] ~= '' and watched(h[8], h[3])
 if mine then redis.call('ZREM', KEYS[4], ARGV[5]) end
 redis.call('ZREM', KEYS[5], ARGV[5])
 if not is_final(st) and ARGV[9] ~= '' and h[2] == '1' and h[3] then
   local completed = tostring(now_seconds())
-  if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
+  if publish then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
   if mine then  -- the lease is given up in the same write: an empty owner is no owner
     redis.call('HSET', KEYS[1], 'status', 'succeeded', 'output', ARGV[9],
                'completed_at', completed, 'done', 1, ARGV[13], '')
@@ -218,7 +230,7 @@ end
 if mine then redis.call('HDEL', KEYS[1], ARGV[13]) end
 if is_final(st) then return -2 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
-if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
+if publish then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
 redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
 redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'kind', 'result', 'index', ARGV[1],
   'ok', ARGV[4])
@@ -241,12 +253,15 @@ return 1
 # A lease costs no attempt: an attempt is charged when the sub-request starts on the device
 # (CHARGE_ATTEMPTS), so a worker lost while merely holding it costs it nothing.
 # Returns {status, detail}: 'acquired' (the attempt it becomes if it runs), 'done', 'final',
-# 'gone', 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempts used).
+# 'gone', 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempts used);
+# 'acquired' adds '1' when the job's live events are wanted (_WATCHED), else '0'.
 ACQUIRE_LEASE = (
     _FINAL
     + _NOW
+    + _WATCHED
     + """
-local h = redis.call('HMGET', KEYS[1], 'status', 'hooks', 'total', 'done', ARGV[7], ARGV[8])
+local h = redis.call('HMGET', KEYS[1], 'status', 'hooks', 'total', 'done', ARGV[7], ARGV[8],
+                     'watch', 'fin')
 local st = h[1]
 if not st then return {'gone', ''} end
 if is_final(st) then return {'final', st} end
@@ -267,19 +282,20 @@ if owner ~= '' and string.sub(owner, 1, 8) ~= 'janitor:' then
 end
 local n = tonumber(h[6] or '0')
 if n >= tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
+local live = watched(h[7], h[8])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[2])
 if st == 'queued' then
   -- started_at is set with the first move out of queued, and no script moves a job back.
   redis.call('HSET', KEYS[1], ARGV[7], ARGV[3], 'status', 'running',
              'started_at', tostring(now))
-  redis.call('PUBLISH', ARGV[9], ARGV[10])
+  if live then redis.call('PUBLISH', ARGV[9], ARGV[10]) end
   if not h[2] or string.find(h[2], 'start', 1, true) then
     redis.call('XADD', KEYS[4], '*', 'job', ARGV[6], 'kind', 'started')
   end
 else
   redis.call('HSET', KEYS[1], ARGV[7], ARGV[3])
 end
-return {'acquired', tostring(n + 1)}
+return {'acquired', tostring(n + 1), live and '1' or '0'}
 """
 )
 
@@ -432,6 +448,21 @@ for _, id in ipairs(ids) do
   redis.call('ZADD', KEYS[1], 'XX', cutoff + tonumber(ARGV[2]), id)
 end
 return ids
+"""
+)
+
+# KEYS: job. ARGV: the watch channel, job id.
+# A live event stream begins to watch a job that is not final: from now on the scripts publish
+# its events, and the workers that run it, told on the watch channel, theirs. Returns 1, or 0
+# for a job that is final or gone (nothing is written).
+WATCH_JOB = (
+    _FINAL
+    + """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st or is_final(st) then return 0 end
+redis.call('HSET', KEYS[1], 'watch', '1')
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
 """
 )
 

@@ -13,6 +13,9 @@ CANCEL_CHANNEL = f"{PREFIX}:cancel"  # pub/sub: job ids whose running sub-reques
 # pub/sub: the id of every job that just became final, published by FINALIZE in the same step.
 # Every API replica listens on one connection (services/api/events.py) and wakes its waiters.
 FINAL_CHANNEL = f"{PREFIX}:final"
+# pub/sub: the id of a job a live event stream began to watch; workers then publish its step and
+# output events (nobody hears them otherwise, so they are not made).
+WATCH_CHANNEL = f"{PREFIX}:watch"
 WORKER_PREFIX = f"{PREFIX}:worker:"
 WEBHOOK_SECRET = f"{PREFIX}:webhook_secret"  # this installation's generated signing secret
 

@@ -264,6 +264,8 @@ async def job_events(
     decoded, until the job is final or `stop()` (checked at least once a second) says this
     replica is draining."""
     async with hub.listen(job_id, live=True) as listener:  # before reading: nothing slips by
+        # Events are made only for a job someone watches: from here on they are.
+        await store.watch(job_id)
         rec = await store.get(job_id)
         yield "status", _status(rec, public_url)
         status, done = rec.status, rec.done

@@ -48,12 +48,13 @@ class Submissions:
     async def submit(
         self, req: JobRequest, principal: Principal, idempotency_key: str | None,
         base_url: str | None = None, job_id: str | None = None,
-        bucket: TokenBucket | None = None,
+        bucket: TokenBucket | None = None, watched: bool = False,
     ) -> Submitted:
         """`job_id`, when given, is the new job's id (from `new_job_id()`): a caller that
         listens to the job's events subscribes before the job exists, and misses none.
         `bucket`, when given, is the caller's rate limit: the new job takes a token from it as
-        it is stored, or RateLimited is raised and nothing is stored."""
+        it is stored, or RateLimited is raised and nothing is stored. `watched`: the caller
+        streams the job's live events (see JobStore.watch)."""
         spec, inp = await self._check(req, idempotency_key)
         # Of the body as sent (its task filled in, so leaving it out means the same), before a
         # seed is chosen; only an Idempotency-Key needs it.
@@ -76,7 +77,7 @@ class Submissions:
                            owner=principal.key_id, idempotency_key=idempotency_key,
                            base_url=base_url)
             rec = await self.store.create(probe.id, probe.task, probe.model, probe.input,
-                                          len(subs), meta, enqueue, bucket)
+                                          len(subs), meta, enqueue, bucket, watched=watched)
         # Counted once the job exists (it will reach a final status and be counted finished):
         # an Idempotency-Key replay is not a new job.
         metrics.JOBS_SUBMITTED.labels(spec.task, spec.name).inc()

@@ -2,6 +2,9 @@
 
 The API publishes a `CancelNotice` the moment a job becomes final; the heartbeat also checks
 the jobs this worker holds (`sweep`), so a missed notice costs one heartbeat, not the whole run.
+The same connection hears the jobs a live stream began to watch (`names.WATCH_CHANNEL`), whose
+held sub-requests then publish their events; a missed one costs that stream only the events
+until the result (its final output event is the script's to publish, which reads the record).
 """
 
 import asyncio
@@ -17,6 +20,8 @@ from shared.messages import CancelNotice
 
 log = logging.getLogger(__name__)
 
+WATCH = names.WATCH_CHANNEL.encode()
+
 
 class CancelListener:
     def __init__(self, redis: aioredis.Redis, flights: Flights) -> None:
@@ -28,9 +33,13 @@ class CancelListener:
             raise_if_cancelled()
             pubsub = self.redis.pubsub()
             try:
-                await pubsub.subscribe(names.CANCEL_CHANNEL)
+                await pubsub.subscribe(names.CANCEL_CHANNEL, names.WATCH_CHANNEL)
                 async for msg in pubsub.listen():
-                    if msg["type"] == "message":
+                    if msg["type"] != "message":
+                        continue
+                    if msg["channel"] == WATCH:
+                        self.flights.watch_job(msg["data"].decode())
+                    else:
                         self._stop(CancelNotice.decode(msg["data"]).job_id)
             except asyncio.CancelledError:
                 raise

@@ -22,6 +22,9 @@ class InFlight:
         self.charged = False  # an attempt was charged: it started on the device
         self.stop_requested_at_step: int | None = None
         self.on_stop: Callable[[], None] | None = None  # e.g. withdraw it from a queue
+        # A live stream watches its job: its step and output events are wanted (read on the
+        # device thread; set on the runtime's loop when a stream opens).
+        self.watched = True
 
     def request_stop(self, reason: StopReason) -> None:
         if not self.stop.is_set():
@@ -70,6 +73,14 @@ class Flights:
         flights = [f for f in self._by_member.values() if f.sub.job_id == job_id]
         for f in flights:
             f.request_stop(reason)
+        return len(flights)
+
+    def watch_job(self, job_id: str) -> int:
+        """A live stream began to watch `job_id`: its held sub-requests publish their events
+        from now on. Returns how many."""
+        flights = [f for f in self._by_member.values() if f.sub.job_id == job_id]
+        for f in flights:
+            f.watched = True
         return len(flights)
 
     def stop_all(self, reason: StopReason) -> int:

@@ -75,6 +75,7 @@ class Handler:
         if grant.outcome != LeaseOutcome.ACQUIRED:
             return await self._not_run(sub, grant)
         flight = InFlight(sub, time.time() + s.subrequest_time_limit_seconds)
+        flight.watched = grant.watched
         self.flights.add(flight)
         if self.drainer.expired:  # taken after the drain deadline: straight back to the queue
             flight.request_stop(StopReason.DRAIN)

@@ -7,9 +7,10 @@ the new text goes out as `output` events. Publishing is fire-and-forget and thro
 event per `MIN_INTERVAL_SECONDS` from the sub-request's start (an item that asked for `stream`
 gets its text at every read): a slow Redis never slows the device thread, and a short
 sub-request costs no publish at all (the job's `running` status event already shows it
-started). Events go out through the runtime's `EventOutbox`, gathered into pipelines. A text's
-final `output` event is not published here but by the script that stores its result
-(`TextPublisher.final`), in the same round trip.
+started); nor does one whose job no live stream watches (`InFlight.watched`). Events go out
+through the runtime's `EventOutbox`, gathered into pipelines. A text's final `output` event
+is not published here but by the script that stores its result (`TextPublisher.final`), in
+the same round trip.
 """
 
 import asyncio
@@ -42,7 +43,7 @@ class ProgressPublisher:
             nonlocal last_sent
             flight.steps += 1
             now = time.monotonic()
-            if now - last_sent >= MIN_INTERVAL_SECONDS:
+            if flight.watched and now - last_sent >= MIN_INTERVAL_SECONDS:
                 last_sent = now
                 event = StepEvent(data=StepData(index=sub.index, step=min(flight.steps, total),
                                                 steps=total))
@@ -79,7 +80,9 @@ class TextPublisher:
         final = update.finish_reason is not None
         now = time.monotonic()
         if not final:
-            if self.flight.stop.is_set():
+            # Nobody watches (yet): nothing is made, and a stream that opens later gets the
+            # text from its start in its first event.
+            if self.flight.stop.is_set() or not self.flight.watched:
                 return
             if not (self.every_read or now - self.last_sent >= MIN_INTERVAL_SECONDS):
                 return

@@ -164,6 +164,7 @@ async def test_a_results_event_is_published_with_it_and_only_with_its_first_writ
     await _job(store, total=2)
     pubsub = aredis.pubsub(ignore_subscribe_messages=True)
     await pubsub.subscribe(names.events_channel("j1"))
+    assert await store.watch("j1")
     try:
         assert await store.store_result("j1", SubResult(index=0, output=_text("a")),
                                         event="first") == 1
@@ -347,7 +348,8 @@ async def test_the_first_start_is_an_event_and_an_entry_only_for_a_start_webhook
     await _job(store, "j1")
     await store.create("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
                        JobMeta(webhook="https://example.com/h",
-                               webhook_events_filter=["start"]))
+                               webhook_events_filter=["start"]), watched=True)
+    assert await store.watch("j1")
     for job_id in ("j1", "j2"):
         await store.acquire_lease(_sub(job_id, 0), "w1", 30, 3)
         await store.acquire_lease(_sub(job_id, 1), "w1", 30, 3)  # not the first: no event
@@ -358,6 +360,57 @@ async def test_the_first_start_is_an_event_and_an_entry_only_for_a_start_webhook
     ]
     entries = await aredis.xrange(names.COMPLETIONS_STREAM)
     assert [(f[b"job"], f[b"kind"]) for _id, f in entries] == [(b"j2", b"started")]
+
+
+async def test_a_job_nobody_watches_has_no_events_published(store, aredis):
+    """Live events are made for a live stream: a job none watches gets none from the scripts
+    (its final channel message still goes out: waiters hear that)."""
+    pubsub = aredis.pubsub()
+    await pubsub.subscribe(names.events_channel("j1"), names.FINAL_CHANNEL)
+    await _job(store, total=1)
+    grant = await store.acquire_lease(_sub(), "w1", 30, 3)
+    assert grant.outcome == "acquired" and not grant.watched
+    got = await store.store_last_result("j1", SubResult(index=0, output=_text("x"),
+                                                        worker="w1"), ONE_OUTPUT, event="last")
+    assert isinstance(got, Finished)
+    assert await _heard(pubsub) == [(names.FINAL_CHANNEL.encode(), b"j1")]
+
+
+async def test_watching_a_running_job_publishes_its_events_from_then_on(store, aredis):
+    """A stream that opens while the job runs: the workers are told on the watch channel, and
+    the scripts publish what follows (the first start is past; the last output is not)."""
+    pubsub = aredis.pubsub()
+    await pubsub.subscribe(names.events_channel("j1"), names.WATCH_CHANNEL)
+    await _job(store, total=2)
+    assert not (await store.acquire_lease(_sub(index=0), "w1", 30, 3)).watched
+    assert await store.watch("j1")
+    assert (await store.acquire_lease(_sub(index=1), "w1", 30, 3)).watched
+    assert await store.store_result("j1", SubResult(index=0, output=_text("x"), worker="w1"),
+                                    event="out-0") == 1
+    assert await _heard(pubsub) == [(names.WATCH_CHANNEL.encode(), b"j1"),
+                                    (names.events_channel("j1").encode(), b"out-0")]
+
+
+async def test_a_final_or_gone_job_is_not_watched(store, aredis):
+    await _job(store)
+    await store.finalize("j1", JobStatus.CANCELED, [None] * 3)
+    assert not await store.watch("j1")
+    assert not await store.watch("nope")
+    assert await aredis.hget(names.job_key("j1"), "watch") is None
+    assert not await aredis.exists(names.job_key("nope"))
+
+
+async def test_an_older_apis_job_always_has_its_events_published(store, aredis):
+    """Its streams, on replicas of that older API, never say they watch it."""
+    pubsub = aredis.pubsub()
+    await pubsub.subscribe(names.events_channel("j1"))
+    await _job(store, total=1)
+    await aredis.hset(names.job_key("j1"), "fin", "")
+    assert (await store.acquire_lease(_sub(), "w1", 30, 3)).watched
+    await store.store_last_result("j1", SubResult(index=0, output=_text("x"), worker="w1"),
+                                  ONE_OUTPUT, event="last")
+    heard = [data for _channel, data in await _heard(pubsub)]
+    assert len(heard) == 2 and heard[1] == b"last"  # the running status, then the output
 
 
 @pytest.mark.parametrize("final", FINALS)

@@ -39,10 +39,10 @@ def _sub(index=0, model="tiny-gpt2", **item) -> SubRequest:
 
 @pytest.fixture
 def job(runtime, redis_url):
-    def create(total=1):
+    def create(total=1, watched=False):
         async def go():
             await runtime.store.create("j1", "text-generation", "tiny-gpt2",
-                                       {"prompts": ["hello"] * total}, total)
+                                       {"prompts": ["hello"] * total}, total, watched=watched)
         runtime.call(go())
     return create
 
@@ -93,7 +93,7 @@ def test_a_one_prompt_text_job_is_made_final_where_its_result_is_stored(runtime,
 
 
 def test_streamed_text_is_published_before_its_result_is_stored(runtime, job, redis_url):
-    job()
+    job(watched=True)  # as an OpenAI stream stores it
     pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(names.events_channel("j1"))
     assert pubsub.get_message(timeout=1) is None  # the subscription, confirmed
@@ -107,6 +107,18 @@ def test_streamed_text_is_published_before_its_result_is_stored(runtime, job, re
     assert "".join(d.text for d in outputs) == stored["text"]
     assert (outputs[-1].finish_reason, outputs[-1].prompt_tokens) == ("length", 3)
     assert len(outputs) > 2  # at every read
+
+
+def test_a_job_nobody_watches_has_no_events_made(runtime, job, redis_url):
+    """Not its start, not its text (even an item that streams): no live stream listens."""
+    job()
+    pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(names.events_channel("j1"))
+    assert pubsub.get_message(timeout=1) is None  # the subscription, confirmed
+    assert runtime.handle(_sub(max_new_tokens=30, stream=True)) == "succeeded"
+    assert pubsub.get_message(timeout=0.3) is None
+    pubsub.close()
+    assert _record(runtime).output[0]["tokens"] == 30
 
 
 def test_concurrent_deliveries_run_the_model_once(runtime, job):

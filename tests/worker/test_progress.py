@@ -145,6 +145,27 @@ async def test_a_short_row_publishes_nothing_and_keeps_its_whole_text_for_the_re
     assert (final.text, final.offset, final.tokens, final.finish_reason) == ("abc", 0, 3, FINAL)
 
 
+async def test_a_job_nobody_watches_publishes_nothing_until_a_stream_opens(aredis):
+    """Unwatched, nothing is made; once a stream watches the job, its first event holds the
+    text from the start (offset 0), and the final one the rest."""
+    flight = _flight(stream=True)
+    flight.watched = False
+    hook = _publisher(aredis).text_hook(flight)
+    steps = _publisher(aredis).hook(flight)
+    async with Channel(aredis) as channel:
+        await _on_device(hook, [_update("a", 1), _update("ab", 2)])
+        await asyncio.to_thread(steps)
+        await hook.flushed()
+        assert await channel.heard(0.2) == []
+        flight.watched = True
+        await _on_device(hook, [_update("abc", 3), _update("abcd", 4, True)])
+        await hook.flushed()
+        got = await channel.heard(0.3)
+    assert [(d.text, d.offset) for d in got] == [("abc", 0)]
+    final = _final(hook)
+    assert (final.text, final.offset) == ("d", 3)
+
+
 async def test_a_row_asked_to_stop_publishes_nothing_more(aredis):
     flight = _flight(stream=True)
     hook = _publisher(aredis).text_hook(flight)

@@ -104,13 +104,15 @@ class Calls:
         try:
             rec = (await self.submissions.submit(job, principal, idempotency_key, base,
                                                  job_id=job_id,
-                                                 bucket=self.limiter.bucket(principal))).job
+                                                 bucket=self.limiter.bucket(principal),
+                                                 watched=True)).job
         except BaseException:
             await listening.aclose()
             raise
         if rec.id != job_id:  # an Idempotency-Key gave back an earlier job: follow that one
             await listening.aclose()
             listener = await listening.enter_async_context(self.hub.listen(rec.id, live=True))
+            await self.store.watch(rec.id)
         return EventSourceResponse(self._events(req, rec, listener, listening, caller), ping=15)
 
     async def _events(self, req: TextRequest, rec: JobRecord, listener,
