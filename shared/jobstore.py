@@ -540,14 +540,17 @@ def _with_owner_fields(members: list[str]) -> list[str]:
     return out
 
 
+def _per_index(raw: dict[bytes, bytes], prefix: str) -> dict[int, bytes]:
+    """The fields of a job's record (as HGETALL reads it) named `prefix` + an index."""
+    p = prefix.encode()
+    return {int(k[len(p):]): v for k, v in raw.items() if k.startswith(p)}
+
+
 def lease_owners_in(raw: dict[bytes, bytes]) -> dict[int, str]:
-    """The lease owners in a job's record (as HGETALL reads it), by sub-request index."""
-    prefix = names.OWNER_FIELD.encode()
-    return {int(k[len(prefix):]): v.decode() for k, v in raw.items()
-            if k.startswith(prefix) and v}
+    """The lease owners in a job's record, by sub-request index."""
+    return {i: v.decode() for i, v in _per_index(raw, names.OWNER_FIELD).items() if v}
 
 
 def attempts_in(raw: dict[bytes, bytes]) -> dict[int, int]:
-    """The attempts in a job's record (as HGETALL reads it), by sub-request index."""
-    prefix = names.ATTEMPTS_FIELD.encode()
-    return {int(k[len(prefix):]): int(v) for k, v in raw.items() if k.startswith(prefix)}
+    """The attempts in a job's record, by sub-request index."""
+    return {i: int(v) for i, v in _per_index(raw, names.ATTEMPTS_FIELD).items()}

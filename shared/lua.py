@@ -215,13 +215,10 @@ redis.call('ZREM', KEYS[5], ARGV[5])
 if not is_final(st) and ARGV[9] ~= '' and h[2] == '1' and h[3] then
   local completed = tostring(now_seconds())
   if publish then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
-  if mine then  -- the lease is given up in the same write: an empty owner is no owner
-    redis.call('HSET', KEYS[1], 'status', 'succeeded', 'output', ARGV[9],
-               'completed_at', completed, 'done', 1, ARGV[13], '')
-  else
-    redis.call('HSET', KEYS[1], 'status', 'succeeded', 'output', ARGV[9],
-               'completed_at', completed, 'done', 1)
-  end
+  local fields = {'status', 'succeeded', 'output', ARGV[9], 'completed_at', completed, 'done', 1}
+  -- Its lease is given up in the same write: an empty owner is no owner.
+  if mine then fields[#fields + 1], fields[#fields + 2] = ARGV[13], '' end
+  redis.call('HSET', KEYS[1], unpack(fields))
   local function has(c) return string.find(h[3], c, 1, true) ~= nil end
   close_job(KEYS[1], KEYS[6], KEYS[7], KEYS[3], KEYS[8], ARGV[3], ARGV[10], ARGV[11], has)
   redis.call('PUBLISH', ARGV[12], ARGV[3])
@@ -359,11 +356,11 @@ HAND_BACK_LEASE = """
 local h = redis.call('HMGET', KEYS[2], ARGV[4], ARGV[5])
 if h[1] ~= ARGV[2] then return 0 end
 redis.call('ZADD', KEYS[1], 0, ARGV[1])
+local fields = {ARGV[4], ARGV[3]}
 if ARGV[6] == '1' and tonumber(h[2] or '0') > 0 then
-  redis.call('HSET', KEYS[2], ARGV[4], ARGV[3], ARGV[5], tonumber(h[2]) - 1)
-else
-  redis.call('HSET', KEYS[2], ARGV[4], ARGV[3])
+  fields[3], fields[4] = ARGV[5], tonumber(h[2]) - 1
 end
+redis.call('HSET', KEYS[2], unpack(fields))
 return 1
 """
 

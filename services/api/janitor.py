@@ -29,6 +29,7 @@ from services.api import metrics
 from services.api.dispatch import Dispatcher
 from services.api.lifecycle import Lifecycle
 from services.api.orphans import Orphan, OrphanFinder
+from shared import names
 from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import JobNotFound
 from shared.failures import dead_lettered
@@ -129,7 +130,7 @@ class Janitor:
     async def _resend_orphan(self, orphan: Orphan) -> int:
         if not await self.store.claim_lost(orphan.model, orphan.member, orphan.sent):
             return 0  # sent again, or leased, since it was found
-        job_id, _, index = orphan.member.rpartition(":")
+        job_id, index = names.split_member(orphan.member)
         rec = await self.store.get(job_id)
         if rec.final:
             return 0

@@ -58,7 +58,7 @@ class OrphanFinder:
         async with self.redis.pipeline(transaction=False) as pipe:
             for m in members:
                 pipe.zscore(names.LEASES, m)
-                pipe.hget(names.job_key(m.rpartition(":")[0]), "meta")
+                pipe.hget(names.job_key(names.split_member(m)[0]), "meta")
             got = await pipe.execute()
         out = []
         for (member, sent), lease, meta in zip(raw, got[::2], got[1::2], strict=True):

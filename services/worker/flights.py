@@ -68,9 +68,12 @@ class Flights:
     def job_ids(self) -> list[str]:
         return sorted({f.sub.job_id for f in self._by_member.values()})
 
+    def of_job(self, job_id: str) -> list[InFlight]:
+        return [f for f in self._by_member.values() if f.sub.job_id == job_id]
+
     def stop_job(self, job_id: str, reason: StopReason = StopReason.CANCELED) -> int:
         """Ask every held sub-request of `job_id` to stop; returns how many."""
-        flights = [f for f in self._by_member.values() if f.sub.job_id == job_id]
+        flights = self.of_job(job_id)
         for f in flights:
             f.request_stop(reason)
         return len(flights)
@@ -78,7 +81,7 @@ class Flights:
     def watch_job(self, job_id: str) -> int:
         """A live stream began to watch `job_id`: its held sub-requests publish their events
         from now on. Returns how many."""
-        flights = [f for f in self._by_member.values() if f.sub.job_id == job_id]
+        flights = self.of_job(job_id)
         for f in flights:
             f.watched = True
         return len(flights)
