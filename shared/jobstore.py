@@ -83,6 +83,7 @@ class LeaseGrant:
     outcome: LeaseOutcome
     attempt: int = 0  # the attempt this is (acquired) or would have been (exhausted)
     watched: bool = True  # acquired: the job's live events are wanted (lua._WATCHED)
+    charged: bool = False  # acquired: its attempt was charged with the lease
 
 
 def _f(v: bytes | None) -> float | None:
@@ -386,20 +387,24 @@ class JobStore:
     # Leases ---------------------------------------------------------------------------------
 
     async def acquire_lease(
-        self, sub: SubRequest, worker: str, lease_seconds: float, max_attempts: int
+        self, sub: SubRequest, worker: str, lease_seconds: float, max_attempts: int,
+        charge: bool = False,
     ) -> LeaseGrant:
+        """Lease the sub-request to `worker`; with `charge`, also charge its attempt in the same
+        step (it starts on the device at once: lua.ACQUIRE_LEASE)."""
         running = StatusEvent(data={"id": sub.job_id, "status": JobStatus.RUNNING.value})
         outcome, detail, *live = await self._acquire(
             keys=[names.job_key(sub.job_id), names.results_key(sub.job_id), names.LEASES,
                   names.COMPLETIONS_STREAM],
             args=[sub.index, sub.member, worker, repr(lease_seconds), max_attempts, sub.job_id,
                   names.owner_field(sub.index), names.attempts_field(sub.index),
-                  names.events_channel(sub.job_id), running.encode()],
+                  names.events_channel(sub.job_id), running.encode(), "1" if charge else "0"],
         )
         outcome = LeaseOutcome(outcome.decode())
         counted = outcome in (LeaseOutcome.ACQUIRED, LeaseOutcome.EXHAUSTED)
         return LeaseGrant(outcome, int(detail) if counted else 0,
-                          watched=bool(live) and live[0] == b"1")
+                          watched=bool(live) and live[0] == b"1",
+                          charged=charge and outcome == LeaseOutcome.ACQUIRED)
 
     async def watch(self, job_id: str) -> bool:
         """A live event stream watches the job: its events are published from now on (the

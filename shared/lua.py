@@ -243,12 +243,16 @@ return 1
 
 # KEYS: job, results, leases, completion stream.
 # ARGV: index, lease member, worker, lease seconds, max attempts, job id, the owner field, the
-# attempts field, the job's events channel, the `running` status event.
+# attempts field, the job's events channel, the `running` status event, '1' to charge the
+# attempt now.
 # The first sub-request to start moves the job to running and publishes its status event; it
 # announces the start on the completion stream only when the job wants a `start` webhook (its
 # `hooks` field names the webhook events it wants; a job stored without one gets the entry).
 # A lease costs no attempt: an attempt is charged when the sub-request starts on the device
-# (CHARGE_ATTEMPTS), so a worker lost while merely holding it costs it nothing.
+# (CHARGE_ATTEMPTS), so a worker lost while merely holding it costs it nothing. A worker whose
+# engine has room for it at once (it joins the next decode iteration) asks for the charge with
+# the lease instead, in the same write, and then makes no charge round trip before the device
+# runs it.
 # Returns {status, detail}: 'acquired' (the attempt it becomes if it runs), 'done', 'final',
 # 'gone', 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempts used);
 # 'acquired' adds '1' when the job's live events are wanted (_WATCHED), else '0'.
@@ -281,16 +285,19 @@ local n = tonumber(h[6] or '0')
 if n >= tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
 local live = watched(h[7], h[8])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[2])
+local fields = {ARGV[7], ARGV[3]}
+if ARGV[11] == '1' then fields[3], fields[4] = ARGV[8], n + 1 end
 if st == 'queued' then
   -- started_at is set with the first move out of queued, and no script moves a job back.
-  redis.call('HSET', KEYS[1], ARGV[7], ARGV[3], 'status', 'running',
-             'started_at', tostring(now))
+  fields[#fields + 1], fields[#fields + 2] = 'status', 'running'
+  fields[#fields + 1], fields[#fields + 2] = 'started_at', tostring(now)
+  redis.call('HSET', KEYS[1], unpack(fields))
   if live then redis.call('PUBLISH', ARGV[9], ARGV[10]) end
   if not h[2] or string.find(h[2], 'start', 1, true) then
     redis.call('XADD', KEYS[4], '*', 'job', ARGV[6], 'kind', 'started')
   end
 else
-  redis.call('HSET', KEYS[1], ARGV[7], ARGV[3])
+  redis.call('HSET', KEYS[1], unpack(fields))
 end
 return {'acquired', tostring(n + 1), live and '1' or '0'}
 """

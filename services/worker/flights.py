@@ -19,7 +19,7 @@ class InFlight:
         self.stop = threading.Event()  # read by the pipeline on the device thread
         self.stop_reason: StopReason | None = None
         self.steps = 0  # step boundaries passed so far
-        self.charged = False  # an attempt was charged: it started on the device
+        self.charged = False  # an attempt was charged: it started on the device, or soon will
         self.stop_requested_at_step: int | None = None
         self.on_stop: Callable[[], None] | None = None  # e.g. withdraw it from a queue
         # A live stream watches its job: its step and output events are wanted (read on the

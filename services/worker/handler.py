@@ -70,12 +70,16 @@ class Handler:
 
     async def _handle(self, sub: SubRequest, arrival: Arrival) -> Outcome:
         s = self.settings
+        # One that joins the engine's next iteration is charged its attempt with its lease,
+        # so no round trip stands between the device and it (engine/start.py).
+        soon = not sub.isolated and arrival.starts_soon()
         grant = await self.store.acquire_lease(sub, self.worker_id, s.lease_seconds,
-                                               s.max_attempts)
+                                               s.max_attempts, charge=soon)
         if grant.outcome != LeaseOutcome.ACQUIRED:
             return await self._not_run(sub, grant)
         flight = InFlight(sub, time.time() + s.subrequest_time_limit_seconds)
         flight.watched = grant.watched
+        flight.charged = grant.charged
         self.flights.add(flight)
         if self.drainer.expired:  # taken after the drain deadline: straight back to the queue
             flight.request_stop(StopReason.DRAIN)
@@ -113,7 +117,8 @@ class Handler:
         on_text = self.progress.text_hook(flight)
         try:
             made = await arrival.submit(sub.item, self.progress.hook(flight), tag=sub.member,
-                                        isolate=sub.isolated, on_text=on_text)
+                                        isolate=sub.isolated, on_text=on_text,
+                                        charged=flight.charged)
             # Its output events go out before the result that may make the job final; the
             # final one goes out with the result, in the same script.
             await on_text.flushed()

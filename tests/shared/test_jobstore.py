@@ -230,6 +230,35 @@ async def test_a_lease_lost_before_its_sub_request_started_costs_no_attempt(stor
     assert await store.attempts("j1", 0) == 1
 
 
+async def test_a_lease_taken_to_start_at_once_is_charged_in_the_same_step(store):
+    """A worker whose engine has room asks for the charge with the lease: the attempt counts
+    as the lease is granted (on the job's first start and on a later one), and runs out."""
+    await _job(store, total=2)
+    first, second = _sub("j1", 0), _sub("j1", 1)
+    grant = await store.acquire_lease(first, "w1", lease_seconds=-1, max_attempts=2,
+                                      charge=True)
+    assert (grant.outcome, grant.attempt, grant.charged) == ("acquired", 1, True)
+    assert (await store.get("j1")).status == JobStatus.RUNNING
+    assert await store.attempts("j1", 0) == 1
+    assert await store.lease_owner("j1", 0) == "w1"
+    # Without the charge, the lease costs nothing; a lease that is not granted charges nothing.
+    plain = await store.acquire_lease(second, "w2", 30, 2)
+    assert (plain.outcome, plain.charged) == ("acquired", False)
+    assert await store.attempts("j1", 1) == 0
+    refused = await store.acquire_lease(second, "w3", 30, 2, charge=True)
+    assert (refused.outcome, refused.charged) == ("busy", False)
+    assert await store.attempts("j1", 1) == 0
+    # Lost with it: the next delivery is its second attempt, and there is no third.
+    assert await store.claim_expired_leases() == [("j1", 0)]
+    again = await store.acquire_lease(first, "w4", lease_seconds=-1, max_attempts=2,
+                                      charge=True)
+    assert (again.outcome, again.attempt, again.charged) == ("acquired", 2, True)
+    assert await store.attempts("j1", 0) == 2
+    assert await store.claim_expired_leases() == [("j1", 0)]
+    assert (await store.acquire_lease(first, "w5", 30, 2, charge=True)).outcome == "exhausted"
+    assert await store.attempts("j1", 0) == 2
+
+
 async def test_leases_run_on_the_redis_servers_clock(store, monkeypatch):
     """A worker whose clock is an hour slow still holds a live lease: expiry is decided with
     the Redis server's time, never a caller's."""

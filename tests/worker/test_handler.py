@@ -121,6 +121,38 @@ def test_a_job_nobody_watches_has_no_events_made(runtime, job, redis_url):
     assert _record(runtime).output[0]["tokens"] == 30
 
 
+def _calls(rt: WorkerRuntime, command: str) -> int:
+    stats = rt.call(rt.store.redis.info("commandstats"))
+    return stats.get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def test_an_engine_with_room_charges_the_attempt_with_the_lease(runtime, job):
+    """Nothing between the lease and the device: the lease's own write charges the attempt,
+    and no charge script runs (its HINCRBY)."""
+    job()
+    before = _calls(runtime, "hincrby")
+    assert runtime.handle(_sub()) == "succeeded"
+    assert runtime.call(runtime.store.attempts("j1", 0)) == 1
+    assert _calls(runtime, "hincrby") == before
+
+
+def test_a_full_engine_charges_the_attempt_when_it_starts(runtime, job):
+    job()
+    decoder = runtime.engines["tiny-gpt2"].decoder
+
+    async def announce(n: int) -> None:  # arrivals ahead of it, that take every slot
+        decoder.expected += n
+
+    runtime.call(announce(decoder.slots))
+    try:
+        before = _calls(runtime, "hincrby")
+        assert runtime.handle(_sub()) == "succeeded"
+    finally:
+        runtime.call(announce(-decoder.slots))
+    assert runtime.call(runtime.store.attempts("j1", 0)) == 1
+    assert _calls(runtime, "hincrby") == before + 1
+
+
 def test_concurrent_deliveries_run_the_model_once(runtime, job):
     job()
     with ThreadPoolExecutor(4) as pool:  # as Celery's thread pool would deliver them

@@ -426,6 +426,46 @@ def test_one_poison_row_fails_alone_and_the_rows_beside_it_succeed(
     assert not pipeline.decoder.running and not pipeline.decoder.waiting
 
 
+def test_an_arrival_starts_soon_while_a_slot_is_free_for_it(pipeline: CausalLMTextPipeline):
+    decoder = pipeline.decoder
+    assert not decoder.running and not decoder.waiting and decoder.expected == 0
+    other = asyncio.new_event_loop()
+    try:
+        decoder.expected = decoder.slots  # itself and the arrivals ahead of it
+        assert decoder.starts_soon()
+        decoder.expected += 1
+        assert not decoder.starts_soon()
+        decoder.expected = 1
+        # An isolated item runs alone: nothing arriving beside it starts soon.
+        decoder.waiting.append(text_decoder.Waiting(TextItem(prompt="a", max_new_tokens=2), None,
+                                                    other.create_future(), other,
+                                                    isolate=True))
+        assert not decoder.starts_soon()
+    finally:
+        decoder.expected = 0
+        decoder.waiting.clear()
+        other.close()
+
+
+def test_an_item_charged_with_its_lease_is_not_announced_again(pipeline: CausalLMTextPipeline,
+                                                               loop: Loop):
+    items = [TextItem(prompt=p, max_new_tokens=5) for p in PROMPTS[:3]]
+    reference = alone(pipeline, items)
+    started = []
+
+    async def on_start(tags):
+        started.extend(tags)
+
+    engine = Engine(pipeline, on_start=on_start)
+
+    async def together():
+        return await asyncio.gather(*(engine.submit(item, tag=f"t{i}", charged=i == 1)
+                                      for i, item in enumerate(items)))
+
+    assert loop.run(together()) == reference
+    assert sorted(started) == ["t0", "t2"]
+
+
 def test_an_isolated_row_decodes_with_nothing_beside_it(pipeline: CausalLMTextPipeline,
                                                         loop: Loop):
     """A sub-request that was on the device when a worker was lost runs alone: rows that

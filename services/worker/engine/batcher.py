@@ -75,12 +75,12 @@ class Batcher:
 
     def submit(self, item: Any, key: Hashable, should_stop=None,
                withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-               isolate: bool = False) -> asyncio.Future:
+               isolate: bool = False, charged: bool = False) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         if isolate:
             key = ("isolated", object())  # a group of its own
         self.pending.append(Pending(item, key, should_stop, future, withdrawn=withdrawn,
-                                    tag=tag, isolate=isolate))
+                                    tag=tag, isolate=isolate, charged=charged))
         self.pump()
         return future
 

@@ -34,10 +34,19 @@ class Arrival:
 
     async def submit(self, item, should_stop: ShouldStop | None = None,
                      withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-                     isolate: bool = False, on_text: OnText | None = None):
+                     isolate: bool = False, on_text: OnText | None = None,
+                     charged: bool = False):
         self.submitted = True
         self.engine.intake.expected -= 1
-        return await self.engine.submit(item, should_stop, withdrawn, tag, isolate, on_text)
+        return await self.engine.submit(item, should_stop, withdrawn, tag, isolate, on_text,
+                                        charged)
+
+    def starts_soon(self) -> bool:
+        """Whether it would start on the device at the engine's next iteration, were it
+        submitted now: then its attempt is charged with its lease (engine/start.py). Image
+        batches gather for a while and run whole, so an image item never does."""
+        intake = self.engine.intake
+        return isinstance(intake, Decoder) and intake.starts_soon()
 
 
 class Engine:
@@ -77,16 +86,18 @@ class Engine:
     async def submit(
         self, item: TextItem | ImageItem, should_stop: ShouldStop | None = None,
         withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-        isolate: bool = False, on_text: OnText | None = None,
+        isolate: bool = False, on_text: OnText | None = None, charged: bool = False,
     ) -> TextResult | ImageResult:
         """The item's result. `should_stop` is its stop hook between steps; `withdrawn` says,
         without counting a step, that it was stopped while still queued; `tag` names it to
-        `on_start`; an `isolate`d item runs alone; `on_text` hears a text item's text as it is
-        decoded (image items have none)."""
+        `on_start`, unless it was `charged` already; an `isolate`d item runs alone; `on_text`
+        hears a text item's text as it is decoded (image items have none)."""
         if isinstance(self.intake, Decoder):
-            return await self.intake.submit(item, should_stop, withdrawn, tag, isolate, on_text)
+            return await self.intake.submit(item, should_stop, withdrawn, tag, isolate, on_text,
+                                            charged)
         key = self.pipeline.batch_key(item)
-        return await self.batcher.submit(item, key, should_stop, withdrawn, tag, isolate)
+        return await self.batcher.submit(item, key, should_stop, withdrawn, tag, isolate,
+                                         charged)
 
     def poke(self) -> None:
         """Something queued may have been withdrawn: let it go now."""

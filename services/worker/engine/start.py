@@ -5,6 +5,12 @@ when a worker is lost, only what it was running pays for it, and a sub-request t
 every worker that runs it still runs out of attempts. So the charge must land before the device
 runs the batch, and each delivery is charged once however often the engine re-runs it (alone,
 after its batch failed).
+
+That charge is a Redis round trip between two decode iterations, while the device waits. So a
+text item that will join the very next iteration (`Arrival.starts_soon`: its engine has a slot
+free for it) is charged with its lease instead, in the same script, and arrives `charged`: a
+worker lost in the moment between the two costs it an attempt it did not get to use. Only items
+that wait for room are charged here.
 """
 
 import logging

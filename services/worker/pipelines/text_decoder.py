@@ -141,13 +141,24 @@ class Decoder:
 
     def submit(self, item: TextItem, should_stop: ShouldStop | None = None,
                withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-               isolate: bool = False, on_text: OnText | None = None) -> asyncio.Future:
+               isolate: bool = False, on_text: OnText | None = None,
+               charged: bool = False) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting.append(Waiting(item, should_stop, future, loop, withdrawn=withdrawn,
-                                    isolate=isolate, tag=tag, on_text=on_text))
+                                    isolate=isolate, tag=tag, charged=charged, on_text=on_text))
         self.pump()
         return future
+
+    def starts_soon(self) -> bool:
+        """Whether an item announced now (counted in `expected`) would join the next
+        iteration: a slot is free for it and for everything ahead of it, and no isolated row
+        runs or waits. The worker then charges its attempt with its lease (engine/start.py).
+        A guess: one that turns out wrong only charges an item that waits an iteration or
+        more."""
+        if self._runs_isolated() or any(w.isolate for w in self.waiting):
+            return False
+        return len(self.running) + len(self.waiting) + self.expected <= self.slots
 
     def pump(self) -> None:
         """Make sure the loop runs while there is work; called on arrivals, departures and
