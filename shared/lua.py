@@ -287,17 +287,18 @@ local live = watched(h[7], h[8])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[2])
 local fields = {ARGV[7], ARGV[3]}
 if ARGV[11] == '1' then fields[3], fields[4] = ARGV[8], n + 1 end
-if st == 'queued' then
-  -- started_at is set with the first move out of queued, and no script moves a job back.
+-- started_at is set with the first move out of queued, and no script moves a job back.
+local first = st == 'queued'
+if first then
   fields[#fields + 1], fields[#fields + 2] = 'status', 'running'
   fields[#fields + 1], fields[#fields + 2] = 'started_at', tostring(now)
-  redis.call('HSET', KEYS[1], unpack(fields))
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+if first then
   if live then redis.call('PUBLISH', ARGV[9], ARGV[10]) end
   if not h[2] or string.find(h[2], 'start', 1, true) then
     redis.call('XADD', KEYS[4], '*', 'job', ARGV[6], 'kind', 'started')
   end
-else
-  redis.call('HSET', KEYS[1], unpack(fields))
 end
 return {'acquired', tostring(n + 1), live and '1' or '0'}
 """
