@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps models run test lint bench bench-gpu chaos clean
+.PHONY: install system-deps models run test typecheck lint bench bench-gpu chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,7 +37,13 @@ system-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else echo "promtool is missing: install Debian's prometheus package (sudo apt-get install prometheus)"; exit 1; fi; }
 
-test: install system-deps
+# Types first: a wrong name or argument fails here in a minute, not in a test run of fifteen.
+TYPED := services shared
+
+typecheck: install
+	$(BIN)/mypy $(TYPED)
+
+test: install system-deps typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
