@@ -347,6 +347,55 @@ async def test_a_batch_whose_input_is_gone_fails(env):
     assert not await env.redis.sismember(names.BATCHES_ACTIVE, batch_id)
 
 
+async def _running_without_its_input_copy(env: Env, n: int = 2) -> str:
+    """A batch in progress whose copy of its input is gone from the blob store, as a replica
+    that did not drive it yet would find it."""
+    batch_id = await env.batch(n)
+    await env.driver("one").tick()  # validates: copies the input, in progress
+    await env.batches.release(batch_id, "one")  # and the replica that did so leaves
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "in_progress" and h["input_key"]
+    await env.blobs.delete([h["input_key"]])
+    return batch_id
+
+
+async def test_a_batch_whose_input_copy_is_gone_fails_and_is_not_retried(env):
+    batch_id = await _running_without_its_input_copy(env)
+    driver = env.driver("two")
+    await driver.tick()
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "failed" and h["failed_at"]
+    assert json.loads(h["errors"])["data"][0]["code"] == "file_not_found"
+    await driver.tick()  # the step after the end retires it
+    assert batch_id not in driver.held
+    assert not await env.redis.sismember(names.BATCHES_ACTIVE, batch_id)
+
+
+async def test_past_its_window_a_batch_expires_without_reading_its_input(env, monkeypatch):
+    batch_id = await _running_without_its_input_copy(env)
+    await env.redis.hset(names.batch_key(batch_id), "expires_at", int(time.time()) - 1)
+    opened: list[str] = []
+    real_open = env.blobs.open
+
+    async def spy(key: str):
+        opened.append(key)
+        return await real_open(key)
+
+    monkeypatch.setattr(env.blobs, "open", spy)
+    driver = env.driver("two")
+    await driver.tick()
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "expired" and h["expired_at"]
+    assert opened == []
+    jobs = await env.jobs(batch_id)
+    assert len(jobs) == 2
+    for job_id in jobs.values():  # submitted by the first replica, canceled by this one
+        assert (await env.store.get(job_id)).status == JobStatus.CANCELED
+    await driver.tick()
+    assert batch_id not in driver.held
+    assert not await env.redis.sismember(names.BATCHES_ACTIVE, batch_id)
+
+
 async def test_the_input_file_may_be_deleted_once_the_batch_runs(env):
     batch_id = await env.batch(2)
     driver = env.driver("one")

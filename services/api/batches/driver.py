@@ -43,7 +43,7 @@ from services.api.batches.files import (
     files_hour_prefix,
     new_file_id,
 )
-from services.api.batches.store import FINAL, BatchStore, LeaseLost
+from services.api.batches.store import FINAL, OPEN_STATUSES, BatchStore, LeaseLost
 from services.api.batches.webhook import BatchWebhooks
 from services.api.events import EventHub
 from services.api.lifecycle import Lifecycle
@@ -249,7 +249,10 @@ class BatchDriver:
                 await self.blobs.delete([h["input_key"]])
             await self.batches.retire(d.batch_id)
             return False
-        if status == "validating":
+        if status in OPEN_STATUSES and time.time() >= int(h["expires_at"]):
+            # Before the input is read: a batch past its window has no use for it.
+            await self._expire(d, h, status)
+        elif status == "validating":
             if await self._validate(d, h):
                 return await self.step(d)  # in progress (its first lines go now) or failed
         elif not await self._load(d, h):
@@ -259,9 +262,6 @@ class BatchDriver:
         elif status == "cancelling":
             await self._stop(d, h, CANCELLED)
             await self._finish(d, h, "cancelling", "cancelled")
-        elif time.time() >= int(h["expires_at"]):  # in_progress, past its window
-            await self._stop(d, h, EXPIRED)
-            await self._finish(d, h, "in_progress", "expired")
         else:
             await self._advance_lines(d, h)
         return True
@@ -454,14 +454,29 @@ class BatchDriver:
 
     # Ending -----------------------------------------------------------------------------------
 
+    async def _expire(self, d: Driven, h: dict[str, str], status: str) -> None:
+        """Past its window: stopped as a cancel would, when this driver has its input in
+        memory. Otherwise the input is not read just to end the batch: its lines' jobs are
+        canceled and its files hold the lines that were done; the others are in neither."""
+        if d.content is not None:
+            await self._stop(d, h, EXPIRED)
+        else:
+            pending, _done = await self.batches.progress(d.batch_id)
+            for job_id in pending.values():
+                await self._cancel_job(job_id)
+        await self._finish(d, h, status, "expired")
+
+    async def _cancel_job(self, job_id: str) -> None:
+        with contextlib.suppress(JobNotFound):
+            rec = await self.store.get(job_id)
+            if not rec.final:
+                await self.lifecycle.cancel(rec)
+
     async def _stop(self, d: Driven, h: dict[str, str], why: tuple[str, str]) -> None:
         """Cancelled or expired: no more lines are submitted, the unfinished jobs are canceled,
         and every line not done goes to the error file with `why` (code, message)."""
         for i, job_id in list(d.pending.items()):
-            with contextlib.suppress(JobNotFound):
-                rec = await self.store.get(job_id)
-                if not rec.final:
-                    await self.lifecycle.cancel(rec)
+            await self._cancel_job(job_id)
             await self._settle(d, i, job_id, stopped=why)
         assert d.content is not None
         content = d.content

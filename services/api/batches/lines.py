@@ -37,6 +37,6 @@ def line_of(message: str) -> int | None:
     return None
 
 
-def validationvalidation_errors(param: str, code: str, message: str) -> str:
+def validation_errors(param: str, code: str, message: str) -> str:
     return json.dumps({"object": "list", "data": [
         {"code": code, "message": message, "param": param, "line": None}]})
