@@ -18,7 +18,8 @@ from standardwebhooks import Webhook
 
 from services.api.app import create_app
 from services.api.auth import digest, key_id
-from services.api.batches.driver import TICK_SECONDS, BatchDriver
+from services.api.batches.driver import BatchDriver
+from services.api.batches.driver_parts import TICK_SECONDS, DriverConfig, DriverParts
 from services.api.batches.files import FileStore
 from services.api.batches.store import BatchStore
 from services.api.events import EventHub
@@ -243,9 +244,10 @@ class Env:
     def driver(self, name: str, lease_ms: int = 15_000, hub: EventHub | None = None,
                tick_seconds: float = TICK_SECONDS, **settings) -> BatchDriver:
         s = self.settings.model_copy(update=settings) if settings else self.settings
-        return BatchDriver(self.batches, self.files, self.blobs, self.store, self.submissions,
-                           self.lifecycle, self.registry, s, name, lease_ms=lease_ms, hub=hub,
-                           tick_seconds=tick_seconds)
+        parts = DriverParts(self.batches, self.files, self.blobs, self.store, self.submissions,
+                            self.lifecycle, self.registry, hub=hub)
+        return BatchDriver(parts, s, name,
+                           DriverConfig(tick_seconds=tick_seconds, lease_ms=lease_ms))
 
     async def batch(self, n: int, owner: str | None = "k1") -> str:
         content = jsonl(*(_completion(f"c{i}") for i in range(n)))

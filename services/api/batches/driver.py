@@ -14,8 +14,8 @@ last one stopped:
 - the output and error file ids are chosen once (kept in the batch's hash), so files written
   again after a crash replace the first ones.
 
-The driver steps each batch it holds every `TICK_SECONDS`, and between ticks as soon as it hears
-(from the API's event hub) that one of its lines' jobs is final: that line is written and the
+The driver steps each batch it holds every tick (DriverConfig), and between ticks as soon as it
+hears (from the API's event hub) that one of its lines' jobs is final: that line is written and the
 room it frees is filled at once, so a batch runs as fast as its jobs do, not a tick per window.
 A batch created or cancelled on this replica is taken up at once too. The tick still reads every
 pending line's job: a message missed while the hub reconnected costs a tick, not a line.
@@ -36,24 +36,20 @@ from typing import Any
 
 from services.api.auth import Principal
 from services.api.batches import jsonl, lines
+from services.api.batches.driver_parts import DEFAULT_CONFIG, DriverConfig, DriverParts
 from services.api.batches.files import (
     BATCH,
     BATCH_OUTPUT,
-    FileStore,
     files_hour_prefix,
     new_file_id,
 )
-from services.api.batches.store import FINAL, OPEN_STATUSES, BatchStore, LeaseLost
+from services.api.batches.store import FINAL, OPEN_STATUSES, LeaseLost
 from services.api.batches.webhook import BatchWebhooks
-from services.api.events import EventHub
-from services.api.lifecycle import Lifecycle
 from services.api.openai import translate
 from services.api.openai.errors import error_body, openai_error
-from services.api.submission import Submissions
 from shared import names
 from shared.asyncio_compat import raise_if_cancelled
-from shared.blobstore import BlobStore, hour_of
-from shared.blobstore.keys import UNOWNED
+from shared.blobstore.keys import UNOWNED, hour_of
 from shared.errors import (
     BlobNotFound,
     IdempotencyConflict,
@@ -63,18 +59,14 @@ from shared.errors import (
     ServiceUnavailable,
 )
 from shared.job import JobStatus
-from shared.jobstore import JobRecord, JobStore
-from shared.registry import ModelRegistry
+from shared.jobstore import JobRecord
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.5
 # Between ticks, a wake-up waits this long for more of its batch's jobs to end, so that a
 # window ending together is written and refilled in a few steps, not one step a job.
 GATHER_SECONDS = 0.01
-LEASE_MS = 15_000
-MAX_DRIVEN = 32  # batches one replica drives at once; the others wait for a replica
 SUBMIT_CONCURRENCY = 32
 CANCELLED = ("batch_cancelled", "This request was not executed: the batch was cancelled.")
 EXPIRED = ("batch_expired",
@@ -119,30 +111,27 @@ def _owner(h: dict[str, str]) -> str | None:
 
 
 class BatchDriver:
-    def __init__(self, batches: BatchStore, files: FileStore, blobs: BlobStore,
-                 store: JobStore, submissions: Submissions, lifecycle: Lifecycle,
-                 registry: ModelRegistry, settings: Settings, consumer: str, *,
-                 hub: EventHub | None = None, tick_seconds: float = TICK_SECONDS,
-                 lease_ms: int = LEASE_MS, max_driven: int = MAX_DRIVEN) -> None:
-        self.batches = batches
-        self.files = files
-        self.blobs = blobs
-        self.store = store
-        self.submissions = submissions
-        self.lifecycle = lifecycle
-        self.registry = registry
+    def __init__(self, parts: DriverParts, settings: Settings, consumer: str,
+                 config: DriverConfig = DEFAULT_CONFIG) -> None:
+        self.batches = parts.batches
+        self.files = parts.files
+        self.blobs = parts.blobs
+        self.store = parts.store
+        self.submissions = parts.submissions
+        self.lifecycle = parts.lifecycle
+        self.registry = parts.registry
         self.settings = settings
         self.me = consumer
-        self.tick_seconds = tick_seconds
-        self.lease_ms = lease_ms
-        self.max_driven = max_driven
+        self.tick_seconds = config.tick_seconds
+        self.lease_ms = config.lease_ms
+        self.max_driven = config.max_driven
         self.held: dict[str, Driven] = {}
-        self.webhooks = BatchWebhooks(batches.redis, batches, settings)
+        self.webhooks = BatchWebhooks(self.batches.redis, self.batches, settings)
         self._woken = asyncio.Event()  # a line's job ended, or a batch changed here
         self._changed = False  # a batch was created or cancelled here: tick now
-        batches.watch(self._batch_changed)
-        if hub is not None:
-            hub.observe_finals(self._job_final)
+        self.batches.watch(self._batch_changed)
+        if parts.hub is not None:
+            parts.hub.observe_finals(self._job_final)
 
     def _batch_changed(self) -> None:
         self._changed = True
@@ -524,6 +513,7 @@ def batch_driver(state: Any, settings: Settings, consumer: str) -> BatchDriver:
     """The driver of an app whose lifespan has set up its state (services/api/app.py)."""
     from services.api.batches.deps import batch_store, file_store
 
-    return BatchDriver(batch_store(state, settings), file_store(state, settings), state.blobs,
-                       state.store, state.submissions, state.lifecycle, state.registry,
-                       settings, consumer, hub=state.hub)
+    parts = DriverParts(batch_store(state, settings), file_store(state, settings), state.blobs,
+                        state.store, state.submissions, state.lifecycle, state.registry,
+                        hub=state.hub)
+    return BatchDriver(parts, settings, consumer)

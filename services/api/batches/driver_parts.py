@@ -1,0 +1,40 @@
+"""What a batch driver works with (DriverParts: the stores and services it calls, opened once
+by the app's lifespan) and its pace (DriverConfig), so that a replica and a test each build one
+from their own."""
+
+from dataclasses import dataclass
+
+from services.api.batches.files import FileStore
+from services.api.batches.store import BatchStore
+from services.api.events import EventHub
+from services.api.lifecycle import Lifecycle
+from services.api.submission import Submissions
+from shared.blobstore.base import BlobStore
+from shared.jobstore import JobStore
+from shared.registry import ModelRegistry
+
+TICK_SECONDS = 0.5
+LEASE_MS = 15_000
+MAX_DRIVEN = 32  # batches one replica drives at once; the others wait for a replica
+
+
+@dataclass(frozen=True)
+class DriverParts:
+    batches: BatchStore
+    files: FileStore
+    blobs: BlobStore
+    store: JobStore
+    submissions: Submissions
+    lifecycle: Lifecycle
+    registry: ModelRegistry
+    hub: EventHub | None = None  # tells the driver a line's job ended between ticks
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    tick_seconds: float = TICK_SECONDS
+    lease_ms: int = LEASE_MS  # a replica that stops renewing hands its batches over after it
+    max_driven: int = MAX_DRIVEN
+
+
+DEFAULT_CONFIG = DriverConfig()
