@@ -14,17 +14,7 @@ def open_store(settings: Settings) -> BlobStore:
     if settings.blob_backend == "s3":
         # Imported here: aiobotocore is needed only by installations that use S3.
         from shared.blobstore.s3 import S3BlobStore
+        from shared.blobstore.s3_config import S3Config
 
-        secret = settings.s3_secret_access_key
-        return S3BlobStore(
-            bucket=settings.s3_bucket,
-            endpoint_url=settings.s3_endpoint_url or None,
-            region=settings.s3_region,
-            access_key_id=settings.s3_access_key_id,
-            secret_access_key=secret.get_secret_value() if secret else None,
-            presign_endpoint_url=settings.s3_presign_endpoint_url or None,
-            create_bucket=settings.s3_create_bucket,
-            timeout=settings.blob_timeout_seconds,
-            max_attempts=settings.blob_max_attempts,
-        )
+        return S3BlobStore(S3Config.from_settings(settings))
     raise ValueError(f"unknown blob_backend {settings.blob_backend!r}")

@@ -21,15 +21,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from botocore.handlers import add_expect_header
 
 from shared.blobstore.base import BlobStore
-from shared.blobstore.blob import CHUNK_SIZE, Blob
+from shared.blobstore.blob import Blob
+from shared.blobstore.s3_config import S3Config
 from shared.errors import BlobNotFound, BlobStoreUnavailable
 
 DELETE_CONCURRENCY = 16
-# Connections one store keeps to the server. An opened Blob holds one until it is read to the
-# end or closed, and a further request waits for a free one with no timeout.
-MAX_CONNECTIONS = 64
-# The slowest upload a put is allowed before it is given up (see _put).
-MIN_UPLOAD_BYTES_PER_SECOND = 1024 * 1024
 _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, OSError)  # OSError: TimeoutError too
 
 
@@ -53,31 +49,27 @@ class S3BlobStore(BlobStore):
 
     backend = "s3"
 
-    def __init__(self, *, bucket: str, endpoint_url: str | None = None,
-                 region: str = "us-east-1", access_key_id: str | None = None,
-                 secret_access_key: str | None = None, presign_endpoint_url: str | None = None,
-                 create_bucket: bool = False, timeout: float = 10.0, max_attempts: int = 3,
-                 chunk_size: int = CHUNK_SIZE, max_connections: int = MAX_CONNECTIONS,
-                 min_upload_bytes_per_second: float = MIN_UPLOAD_BYTES_PER_SECOND) -> None:
+    def __init__(self, config: S3Config) -> None:
         super().__init__()
-        if not bucket:
+        if not config.bucket:
             raise ValueError("an S3 blob store needs a bucket")
-        self.bucket = bucket
-        self.endpoint_url = endpoint_url or None
-        self.presign_endpoint_url = presign_endpoint_url or None
-        self.region = region
-        self.create_bucket = create_bucket
-        self.chunk_size = chunk_size
-        self.timeout = timeout
-        self.max_attempts = max_attempts
-        self.min_upload_bytes_per_second = min_upload_bytes_per_second
-        self._credentials = {"aws_access_key_id": access_key_id,
-                             "aws_secret_access_key": secret_access_key}
+        self.config = config
+        self.bucket = config.bucket
+        self.endpoint_url = config.endpoint_url or None
+        self.presign_endpoint_url = config.presign_endpoint_url or None
+        self.region = config.region
+        self.create_bucket = config.create_bucket
+        self.chunk_size = config.chunk_size
+        self.timeout = config.timeout
+        self.max_attempts = config.max_attempts
+        self.min_upload_bytes_per_second = config.min_upload_bytes_per_second
+        self._credentials = {"aws_access_key_id": config.access_key_id,
+                             "aws_secret_access_key": config.secret_access_key}
         self._config = AioConfig(
-            connect_timeout=timeout,
-            read_timeout=timeout,
-            max_pool_connections=max_connections,
-            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            connect_timeout=config.timeout,
+            read_timeout=config.timeout,
+            max_pool_connections=config.max_connections,
+            retries={"mode": "standard", "total_max_attempts": config.max_attempts},
             s3={"addressing_style": "path"},
             signature_version="s3v4",
             request_checksum_calculation="when_required",
@@ -86,7 +78,7 @@ class S3BlobStore(BlobStore):
         self._stack = AsyncExitStack()
         self._client: Any = None
         self._presigner: Any = None
-        self._bucket_ready = not create_bucket
+        self._bucket_ready = not config.create_bucket
         self._lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -49,12 +49,13 @@ def new_s3_store(server: S3Server, **kwargs):
     """An S3 store on `server`: a fresh bucket that the store creates itself, short timeouts,
     a pool of 4 connections, unless the keyword arguments say otherwise."""
     from shared.blobstore.s3 import S3BlobStore
+    from shared.blobstore.s3_config import S3Config
 
     options = {"bucket": f"fm-{uuid.uuid4().hex[:16]}", "create_bucket": True,
                "timeout": 2.0, "max_attempts": 2,
                "max_connections": 4, **kwargs}
-    return S3BlobStore(endpoint_url=server.url, region="us-east-1",
-                       access_key_id=S3_KEY_ID, secret_access_key=S3_SECRET, **options)
+    return S3BlobStore(S3Config(endpoint_url=server.url, region="us-east-1",
+                                access_key_id=S3_KEY_ID, secret_access_key=S3_SECRET, **options))
 
 
 @pytest.fixture
