@@ -9,7 +9,7 @@ applied to an id whose record is gone.
 
 from datetime import datetime, timedelta
 
-from shared.blobstore import hour_of
+from shared.blobstore.keys import hour_of
 from shared.errors import JobExpired, JobNotFound
 from shared.job_ids import created_at
 

@@ -30,7 +30,7 @@ from services.api.supervisor import Supervised
 from services.api.sweeper import Sweeper
 from services.api.watchers import Watchers
 from services.api.webhooks.outbox import Outbox
-from shared.blobstore import open_store
+from shared.blobstore.factory import open_store
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
 from shared.redis_client import connect

@@ -18,7 +18,7 @@ from services.api.prefer import PreferWait, prefer_wait
 from services.api.ratelimit import RateLimiter, bucket_key
 from services.api.submission import Submissions
 from services.api.watchers import Watchers
-from shared.blobstore import BlobStore
+from shared.blobstore.base import BlobStore
 from shared.errors import JobNotFound
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry

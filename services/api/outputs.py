@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 from fastapi import Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 
-from shared.blobstore import Blob, BlobStore, output_key
+from shared.blobstore.base import BlobStore
+from shared.blobstore.blob import Blob
+from shared.blobstore.keys import output_key
 from shared.errors import BlobNotFound, OutputExpired, OutputNotFound
 from shared.inputs import TextOutput
 from shared.jobstore import JobRecord, JobStore

@@ -20,8 +20,8 @@ from prometheus_client import Counter, Gauge
 
 from services.api.batches.files import FILES
 from shared.asyncio_compat import raise_if_cancelled
-from shared.blobstore import BlobStore, hour_prefix
-from shared.blobstore.keys import OUTPUTS
+from shared.blobstore.base import BlobStore
+from shared.blobstore.keys import OUTPUTS, hour_prefix
 from shared.errors import BlobStoreUnavailable
 from shared.retention import hour_expired
 from shared.settings import Settings

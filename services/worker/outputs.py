@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 
-from shared.blobstore import BlobStore, output_key
+from shared.blobstore.base import BlobStore
+from shared.blobstore.keys import output_key
 from shared.errors import BlobStoreUnavailable
 from shared.messages import SubRequest
 

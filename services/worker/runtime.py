@@ -36,7 +36,7 @@ from services.worker.outbox import EventOutbox
 from services.worker.outputs import OutputWriter
 from services.worker.pipelines.factory import build_pipeline
 from services.worker.progress import ProgressPublisher
-from shared.blobstore import open_store
+from shared.blobstore.factory import open_store
 from shared.jobstore import JobStore
 from shared.messages import Outcome, SubRequest
 from shared.names import queue_for

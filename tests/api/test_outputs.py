@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.api.app import create_app
-from shared.blobstore import output_key
+from shared.blobstore.keys import output_key
 from shared.jobstore import JobStore
 from shared.messages import GeneratedImage, SubResult
 from tests.shared.conftest import S3_KEY_ID, S3_SECRET, S3Server, new_s3_store

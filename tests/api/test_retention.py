@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.api.auth import digest, key_id
-from shared.blobstore import output_key
+from shared.blobstore.keys import output_key
 from shared.blobstore.local import LocalBlobStore
 from shared.job import JobMeta
 from shared.job_ids import new_job_id

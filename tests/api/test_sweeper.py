@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.api.sweeper import Sweeper
-from shared.blobstore import output_key
+from shared.blobstore.keys import output_key
 from shared.blobstore.local import LocalBlobStore
 from shared.errors import BlobStoreUnavailable
 from shared.job_ids import new_job_id

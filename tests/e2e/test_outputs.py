@@ -5,7 +5,7 @@ ended, and leave the rest."""
 import time
 
 from shared import names
-from shared.blobstore import output_key
+from shared.blobstore.keys import output_key
 from shared.job_ids import new_job_id
 
 

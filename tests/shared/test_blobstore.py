@@ -14,8 +14,10 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from shared.blobstore import BlobStore, check_key, open_store, output_key
+from shared.blobstore.base import BlobStore
 from shared.blobstore.blob import CHUNK_SIZE
+from shared.blobstore.factory import open_store
+from shared.blobstore.keys import check_key, output_key
 from shared.blobstore.local import LocalBlobStore
 from shared.blobstore.s3 import S3BlobStore
 from shared.errors import (

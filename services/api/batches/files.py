@@ -18,8 +18,9 @@ import redis.asyncio as aioredis
 from services.api.batches import listing
 from services.api.batches.errors import FileNotFound
 from shared import names
-from shared.blobstore import Blob, BlobStore, check_key, hour_of, hour_prefix
-from shared.blobstore.keys import UNOWNED
+from shared.blobstore.base import BlobStore
+from shared.blobstore.blob import Blob
+from shared.blobstore.keys import UNOWNED, check_key, hour_of, hour_prefix
 from shared.job_ids import created_at, new_job_id
 
 FILES = "files"  # the blob store folder of files, by hour

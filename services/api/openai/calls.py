@@ -24,7 +24,8 @@ from services.api.openai.translate import failure, job_request, text_response
 from services.api.ratelimit import RateLimiter, bucket_key
 from services.api.submission import Submissions
 from services.api.watchers import TooManyWatches, Watchers
-from shared.blobstore import BlobStore, output_key
+from shared.blobstore.base import BlobStore
+from shared.blobstore.keys import output_key
 from shared.errors import JobNotFound, WaitTimedOut
 from shared.job import JobRequest, JobStatus
 from shared.job_ids import new_job_id

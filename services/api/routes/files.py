@@ -11,7 +11,7 @@ from services.api.batches import jsonl
 from services.api.batches.deps import FilesDep
 from services.api.batches.files import BATCH, MAX_LIST, FileMeta
 from services.api.deps import SettingsDep
-from shared.blobstore import Blob
+from shared.blobstore.blob import Blob
 from shared.errors import InvalidInput, PayloadTooLarge
 
 router = APIRouter(prefix="/v1/files", tags=["files"], dependencies=[Depends(authenticate)])
