@@ -5,21 +5,23 @@ a thread hand-off per dependency per request for what is an attribute read."""
 
 import re
 import time
+from dataclasses import dataclass
 from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Header, Request
 
-from services.api.auth import PrincipalDep, current_settings
+from services.api.auth import Principal, PrincipalDep, current_settings
 from services.api.dispatch import Dispatcher
 from services.api.events import EventHub
 from services.api.lifecycle import Lifecycle
 from services.api.prefer import PreferWait, prefer_wait
 from services.api.ratelimit import RateLimiter, bucket_key
-from services.api.submission import Submissions
+from services.api.submission import Submissions, Submitted
 from services.api.watchers import Watchers
 from shared.blobstore.base import BlobStore
 from shared.errors import JobNotFound
+from shared.job import JobRequest
 from shared.jobstore import JobRecord, JobStore
 from shared.registry import ModelRegistry
 from shared.retention import missing_job
@@ -125,3 +127,34 @@ async def _prefer(
 
 
 PreferWaitDep = Annotated[PreferWait, Depends(_prefer)]
+
+
+@dataclass(frozen=True)
+class Submitter:
+    """A job submitted as the caller of this request: its rate limit, its Idempotency-Key
+    and the base URL its job's links start with."""
+
+    submissions: Submissions
+    limiter: RateLimiter
+    principal: Principal
+    idempotency_key: str | None
+    base_url: str
+
+    async def submit(self, req: JobRequest) -> Submitted:
+        return await self.submissions.submit(req, self.principal, self.idempotency_key,
+                                             self.base_url,
+                                             bucket=self.limiter.bucket(self.principal))
+
+
+async def _submitter(
+    request: Request,
+    submissions: SubmissionsDep,
+    limiter: RateLimiterDep,
+    principal: PrincipalDep,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> Submitter:
+    return Submitter(submissions, limiter, principal, idempotency_key,
+                     str(request.base_url).rstrip("/"))
+
+
+SubmitterDep = Annotated[Submitter, Depends(_submitter)]

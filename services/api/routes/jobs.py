@@ -3,7 +3,7 @@
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from sse_starlette import EventSourceResponse
 
 from services.api.auth import PrincipalDep, authenticate
@@ -15,9 +15,8 @@ from services.api.deps import (
     JobStoreDep,
     LifecycleDep,
     PreferWaitDep,
-    RateLimiterDep,
     SettingsDep,
-    SubmissionsDep,
+    SubmitterDep,
     WatchersDep,
 )
 from services.api.envelope import envelope
@@ -42,21 +41,15 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authe
 )
 async def create_job(
     req: Annotated[JobRequest, Body(openapi_examples=JOB_EXAMPLES)],
-    request: Request,
     response: Response,
-    principal: PrincipalDep,
-    limiter: RateLimiterDep,
-    submissions: SubmissionsDep,
+    submitter: SubmitterDep,
     prefer_wait: PreferWaitDep,
     settings: SettingsDep,
-    idempotency_key: Annotated[str | None, Header()] = None,
 ) -> Job:
     """Accept a job; its sub-requests are queued at once. Headers: `Idempotency-Key` makes
     a retry return the first job instead of a second one; `Prefer: wait=N` holds the answer
     up to N seconds for the job to finish."""
-    done = await submissions.submit(req, principal, idempotency_key,
-                                    str(request.base_url).rstrip("/"),
-                                    bucket=limiter.bucket(principal))
+    done = await submitter.submit(req)
     rec = await prefer_wait.apply(done.job, response)
     if rec.final or not done.created:
         response.status_code = 200

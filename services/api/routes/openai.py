@@ -6,18 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request, Response
 
 from services.api.auth import PrincipalDep, authenticate
-from services.api.deps import (
-    BlobStoreDep,
-    EventHubDep,
-    JobStoreDep,
-    LifecycleDep,
-    RateLimiterDep,
-    RegistryDep,
-    SettingsDep,
-    SubmissionsDep,
-    WatchersDep,
-)
-from services.api.openai.calls import Calls
+from services.api.openai.deps import CallsDep
 from services.api.openai.errors import openai_errors
 from services.api.openai.schemas import (
     ChatCompletionRequest,
@@ -29,16 +18,6 @@ router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(authenti
 
 STREAMED = {"text/event-stream": {"description": "With `stream: true`: OpenAI's chunks as "
                                   "Server-Sent Events, then `data: [DONE]`"}}
-
-
-async def _calls(registry: RegistryDep, submissions: SubmissionsDep, limiter: RateLimiterDep,
-                 hub: EventHubDep, store: JobStoreDep, watchers: WatchersDep,
-                 lifecycle: LifecycleDep, blobs: BlobStoreDep, settings: SettingsDep) -> Calls:
-    return Calls(registry, submissions, limiter, hub, store, watchers, lifecycle, blobs,
-                 settings)
-
-
-CallsDep = Annotated[Calls, Depends(_calls)]
 IdempotencyKey = Annotated[str | None, Header()]
 TEXT_ERRORS = openai_errors(400, 401, 404, 409, 429, 500, 503, 504)
 
