@@ -1,8 +1,8 @@
 """The job store: jobs, their sub-results and the sub-request leases, in Redis.
 
-Every change is one atomic Lua script (shared/lua.py). Timestamps are epoch seconds of the Redis
-server's clock (its TIME, read inside the scripts), so that hosts whose clocks disagree still
-agree on when a lease or a deadline ran out.
+Every change is one atomic Lua script (shared/redis_scripts/). Timestamps are epoch seconds of
+the Redis server's clock (its TIME, read inside the scripts), so that hosts whose clocks disagree
+still agree on when a lease or a deadline ran out.
 """
 
 import itertools
@@ -13,11 +13,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared import lua, names
+from shared import names
+from shared import redis_replies as replies
 from shared.errors import InvalidTransition, JobNotFound
 from shared.job import FINAL_STATUSES, JobMeta, JobStatus, WebhookDelivery
 from shared.messages import (
-    CancelNotice,
     DeadLetter,
     JobError,
     LeaseOutcome,
@@ -25,6 +25,8 @@ from shared.messages import (
     SubRequest,
     SubResult,
 )
+from shared.redis_scripts import backlog, jobs, leases
+from shared.redis_scripts.jobs import Enqueue, Finished
 from shared.token_bucket import TokenBucket
 
 # A deadline or a dispatch the janitor took but did not finish with is due again this much later.
@@ -38,12 +40,21 @@ TRIM_INDEX_EVERY = 16  # creates between two trims of an owner's index (it may p
 # by what this many creates add, per replica, in between)
 
 
-@dataclass(frozen=True)
-class Enqueue:
-    """The sub-request messages to push onto the queue in the step that stores their job."""
+__all__ = ["Enqueue", "Finished", "JobRecord", "JobStore", "LeaseGrant", "NewJob"]
 
-    queue: str  # the Redis list (kombu's list for the job's model and priority)
-    messages: list[bytes]
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to store (JobStore.create). `watched`: a live event stream listens to it from the
+    start (see JobStore.watch)."""
+
+    id: str
+    task: str
+    model: str
+    input: dict[str, Any]
+    total: int
+    meta: JobMeta | None = None
+    watched: bool = False
 
 
 @dataclass
@@ -68,21 +79,11 @@ class JobRecord:
         return self.status in FINAL_STATUSES
 
 
-@dataclass(frozen=True)
-class Finished:
-    """A job that became final (succeeded) in the step that stored its one result."""
-
-    task: str
-    created_at: float
-    started_at: float | None
-    completed_at: float
-
-
 @dataclass
 class LeaseGrant:
     outcome: LeaseOutcome
     attempt: int = 0  # the attempt this is (acquired) or would have been (exhausted)
-    watched: bool = True  # acquired: the job's live events are wanted (lua._WATCHED)
+    watched: bool = True  # acquired: the job's live events are wanted (watched.lua)
     charged: bool = False  # acquired: its attempt was charged with the lease
 
 
@@ -94,83 +95,63 @@ class JobStore:
     def __init__(self, redis: aioredis.Redis, finished_ttl: int = 7 * 24 * 3600) -> None:
         self.redis = redis
         self.finished_ttl = finished_ttl
-        self._finalize = redis.register_script(lua.FINALIZE)
-        self._store_result = redis.register_script(lua.STORE_RESULT)
-        self._acquire = redis.register_script(lua.ACQUIRE_LEASE)
-        self._renew = redis.register_script(lua.RENEW_LEASES)
-        self._release = redis.register_script(lua.RELEASE_LEASE)
-        self._expired = redis.register_script(lua.EXPIRED_LEASES)
-        self._watch = redis.register_script(lua.WATCH_JOB)
-        self._claim_expired = redis.register_script(lua.CLAIM_EXPIRED)
-        self._hand_back = redis.register_script(lua.HAND_BACK_LEASE)
-        self._create = redis.register_script(lua.CREATE_JOB)
-        self._charge = redis.register_script(lua.CHARGE_ATTEMPTS)
-        self._mark_sent = redis.register_script(lua.MARK_SENT)
-        self._claim_lost = redis.register_script(lua.CLAIM_LOST)
-        self._claim_due = redis.register_script(lua.CLAIM_DUE)
+        self._ttls = jobs.Ttls(finished=finished_ttl,
+                               ran=min(finished_ttl, RAN_TTL_SECONDS))
         self._creates = itertools.count()
 
     # Jobs -----------------------------------------------------------------------------------
 
-    async def create(
-        self, job_id: str, task: str, model: str, input: dict[str, Any], total: int,
-        meta: JobMeta | None = None, enqueue: Enqueue | None = None,
-        bucket: TokenBucket | None = None, watched: bool = False,
-    ) -> JobRecord:
+    async def create(self, job: NewJob, *, enqueue: Enqueue | None = None,
+                     bucket: TokenBucket | None = None) -> JobRecord:
         """Store a new job and put its sub-requests in the model's backlog, in one step.
 
         With `enqueue`, its sub-request messages go onto the queue in that same step. Without,
         the caller sends them and then calls `mark_dispatched`; until then the job is marked as
         being dispatched, so that if the caller dies half-way the janitor sends the rest.
         With `bucket`, the job first takes a token from it; with none left, nothing is stored
-        and RateLimited says how long until one is back. `watched`: a live event stream
-        listens to it from the start (see `watch`).
+        and RateLimited says how long until one is back.
         Called again with the same id (a retry after a lost reply), it stores and sends nothing
         and returns the job as stored."""
-        meta = meta or JobMeta()
+        meta = job.meta or JobMeta()
         mapping = {
             # Defaults and nulls left out: every byte is kept per job for the record's TTL.
             "meta": meta.model_dump_json(exclude_defaults=True),
-            "task": task,
-            "model": model,
-            "input": json.dumps(input),
-            "total": total,
+            "task": job.task,
+            "model": job.model,
+            "input": json.dumps(job.input),
+            "total": str(job.total),
             "status": JobStatus.QUEUED.value,
             # created_at: the Redis server's time, set by the script
-            "done": 0,  # kept equal to the size of its results hash by STORE_RESULT
-            # The webhook events the job wants, read by the scripts (ACQUIRE_LEASE).
+            "done": "0",  # kept equal to the size of its results hash by store_result.lua
+            # The webhook events the job wants, read by the scripts (acquire_lease.lua).
             "hooks": ",".join(meta.webhook_events_filter) if meta.webhook else "",
             # What making it final involves, for a script that does so without reading `meta`
-            # (STORE_RESULT, for a job of one sub-request); r: its sub-requests' attempts are
-            # kept in this record.
+            # (store_result.lua, for a job of one sub-request); r: its sub-requests' attempts
+            # are kept in this record.
             "fin": _final_flags(meta) + "r",
         }
-        if watched:
+        if job.watched:
             mapping["watch"] = "1"
-        fields = [str(x) for kv in mapping.items() for x in kv]
         trim = next(self._creates) % TRIM_INDEX_EVERY == 0
-        created = await self._create(
-            keys=[names.job_key(job_id), names.backlog_key(model),
-                  names.jobs_index_key(meta.owner), names.DEADLINES, names.DISPATCHING,
-                  enqueue.queue if enqueue else names.DISPATCHING,
-                  bucket.key if bucket else names.DISPATCHING],
-            args=[job_id, f"{bucket.rate!r} {bucket.burst}" if bucket else "", total,
-                  repr(meta.deadline_seconds) if meta.deadline_seconds is not None else "",
-                  JOBS_INDEX_SIZE if trim else "", "1" if enqueue else "0", len(fields),
-                  *fields,
-                  *(enqueue.messages if enqueue else ())],
+        created = await jobs.create_job(
+            self.redis,
+            row=jobs.JobRow(job_id=job.id, model=job.model, owner=meta.owner, total=job.total,
+                            fields=[x for kv in mapping.items() for x in kv],
+                            deadline_seconds=meta.deadline_seconds),
+            enqueue=enqueue, bucket=bucket, trim_index_to=JOBS_INDEX_SIZE if trim else None,
         )
-        created = float(created)
         if created < 0:
+            assert bucket is not None, "only a rate limit refuses a job"
             raise bucket.refusal(-created)
         if created == 0:
-            return await self.get(job_id)
-        return JobRecord(job_id, task, model, JobStatus.QUEUED, input, total, created,
-                         meta=meta)
+            return await self.get(job.id)
+        return JobRecord(job.id, job.task, job.model, JobStatus.QUEUED, job.input, job.total,
+                         created, meta=meta)
 
     async def recent(self, owner: str | None, limit: int) -> list[JobRecord]:
         """The owner's most recent jobs, newest first (expired ones are skipped)."""
-        ids = await self.redis.zrevrange(names.jobs_index_key(owner), 0, limit - 1)
+        ids = replies.raw_list(await self.redis.zrevrange(names.jobs_index_key(owner), 0,
+                                                          limit - 1))
         out = []
         for job_id in ids:
             try:
@@ -189,14 +170,13 @@ class JobStore:
         return await self._claim(names.DISPATCHING, older_than, limit)
 
     async def _claim(self, key: str, age: float, limit: int) -> list[str]:
-        ids = await self._claim_due(keys=[key], args=[repr(age), repr(RETRY_CLAIM_SECONDS),
-                                                      limit])
-        return [i.decode() for i in ids]
+        return await backlog.claim_due(self.redis, key=key, age=age,
+                                       retry_seconds=RETRY_CLAIM_SECONDS, limit=limit)
 
     async def get(self, job_id: str) -> JobRecord:
         """The job as stored: one HGETALL, plus a second round trip only for a job with a
         webhook (its delivery attempts) or one stored before jobs counted their results."""
-        raw = await self.redis.hgetall(names.job_key(job_id))
+        raw = replies.raw_hash(await self.redis.hgetall(names.job_key(job_id)))
         rec = _record(job_id, raw)
         legacy = b"done" not in raw
         if rec.meta.webhook is None and not legacy:
@@ -260,35 +240,15 @@ class JobStore:
             flags = "*"
         else:
             flags = _final_flags(rec.meta) + ("" if all_results else "k")
-        res = await self._finalize(
-            keys=[
-                names.job_key(job_id),
-                names.results_key(job_id),
-                names.attempts_key(job_id),
-                names.webhooks_key(job_id),
-                names.COMPLETIONS_STREAM,
-                names.backlog_key(rec.model),
-                names.DEADLINES,
-            ],
-            args=[
-                status.value,
-                json.dumps(output),
-                error.model_dump_json() if error else "",
-                self.finished_ttl,
-                job_id,
-                flags,
-                names.FINAL_CHANNEL,
-                names.CANCEL_CHANNEL,
-                CancelNotice(job_id=job_id).encode(),
-                min(self.finished_ttl, RAN_TTL_SECONDS),
-            ],
+        completed = await jobs.finalize(
+            self.redis, job_id=job_id, model=rec.model,
+            final=jobs.FinalState(status.value, json.dumps(output),
+                                  error.model_dump_json() if error else None),
+            flags=flags, ttls=self._ttls,
         )
-        if res == -1:
-            raise JobNotFound(job_id)
-        if res == 0:
+        if completed is None:
             return None
-        return replace(rec, status=status, output=output, error=error,
-                       completed_at=float(res))
+        return replace(rec, status=status, output=output, error=error, completed_at=completed)
 
     async def record_delivery(self, job_id: str, delivery: WebhookDelivery) -> None:
         """Append a webhook attempt to the job; it expires with the job."""
@@ -300,7 +260,8 @@ class JobStore:
 
     async def claim_due_deadlines(self, limit: int = 100) -> list[str]:
         """Jobs past their deadline, each taken by one caller; a job stays listed (due again
-        after RETRY_CLAIM_SECONDS) until it is final (FINALIZE removes it) or `deadline_done`."""
+        after RETRY_CLAIM_SECONDS) until it is final (finalize.lua removes it) or
+        `deadline_done`."""
         return await self._claim(names.DEADLINES, 0.0, limit)
 
     async def deadline_done(self, job_id: str) -> None:
@@ -329,59 +290,29 @@ class JobStore:
         return await self._store(job_id, result, model, event, [output])
 
     async def _store(self, job_id: str, result: SubResult, model: str | None,
-                     event: str | None, output: list | None) -> int | Finished:
-        member = f"{job_id}:{result.index}"
-        backlog = names.backlog_key(model) if model else await self._backlog_key(job_id)
-        got = await self._store_result(
-            keys=[
-                names.job_key(job_id),
-                names.results_key(job_id),
-                names.COMPLETIONS_STREAM,
-                names.LEASES,
-                backlog,
-                names.attempts_key(job_id),
-                names.webhooks_key(job_id),
-                names.DEADLINES,
-            ],
-            args=[
-                result.index,
-                result.model_dump_json(exclude_none=True),
-                job_id,
-                int(result.ok),
-                member,
-                result.worker,
-                names.events_channel(job_id) if event else "",
-                event or "",
-                json.dumps(output) if output is not None else "",
-                self.finished_ttl,
-                min(self.finished_ttl, RAN_TTL_SECONDS),
-                names.FINAL_CHANNEL,
-                names.owner_field(result.index),
-            ],
+                     event: str | None, output: list[dict[str, Any]] | None) -> int | Finished:
+        return await jobs.store_result(
+            self.redis, job_id=job_id, model=model or await self._model(job_id), result=result,
+            output_json=json.dumps(output) if output is not None else None, event=event,
+            ttls=self._ttls,
         )
-        if not isinstance(got, list):
-            return got
-        completed, created, started, task = (v.decode() for v in got)
-        return Finished(task=task, created_at=float(created),
-                        started_at=float(started) if started else None,
-                        completed_at=float(completed))
 
-    async def _backlog_key(self, job_id: str) -> str:
-        """The backlog of the job's model. A job's model never changes, so reading it before
-        the script that uses the key is safe; a job that is gone names no model, and the
+    async def _model(self, job_id: str) -> str:
+        """The job's model, for its backlog's key. A job's model never changes, so reading it
+        before the script that uses the key is safe; a job that is gone names no model, and the
         scripts return before touching the key."""
-        model = await self.redis.hget(names.job_key(job_id), "model")
-        return names.backlog_key(model.decode() if model else "")
+        model = replies.optional_text(await self.redis.hget(names.job_key(job_id), "model"))
+        return model or ""
 
     async def results(self, job_id: str) -> dict[int, SubResult]:
-        raw = await self.redis.hgetall(names.results_key(job_id))
+        raw = replies.raw_hash(await self.redis.hgetall(names.results_key(job_id)))
         return {int(k): SubResult.model_validate_json(v) for k, v in raw.items()}
 
     async def has_result(self, job_id: str, index: int) -> bool:
         return bool(await self.redis.hexists(names.results_key(job_id), index))
 
     async def result(self, job_id: str, index: int) -> SubResult | None:
-        raw = await self.redis.hget(names.results_key(job_id), index)
+        raw = replies.optional_raw(await self.redis.hget(names.results_key(job_id), index))
         return SubResult.model_validate_json(raw) if raw is not None else None
 
     # Leases ---------------------------------------------------------------------------------
@@ -391,73 +322,55 @@ class JobStore:
         charge: bool = False,
     ) -> LeaseGrant:
         """Lease the sub-request to `worker`; with `charge`, also charge its attempt in the same
-        step (it starts on the device at once: lua.ACQUIRE_LEASE)."""
+        step (it starts on the device at once: acquire_lease.lua)."""
         running = StatusEvent(data={"id": sub.job_id, "status": JobStatus.RUNNING.value})
-        outcome, detail, *live = await self._acquire(
-            keys=[names.job_key(sub.job_id), names.results_key(sub.job_id), names.LEASES,
-                  names.COMPLETIONS_STREAM],
-            args=[sub.index, sub.member, worker, repr(lease_seconds), max_attempts, sub.job_id,
-                  names.owner_field(sub.index), names.attempts_field(sub.index),
-                  names.events_channel(sub.job_id), running.encode(), "1" if charge else "0"],
-        )
-        outcome = LeaseOutcome(outcome.decode())
-        counted = outcome in (LeaseOutcome.ACQUIRED, LeaseOutcome.EXHAUSTED)
-        return LeaseGrant(outcome, int(detail) if counted else 0,
-                          watched=bool(live) and live[0] == b"1",
-                          charged=charge and outcome == LeaseOutcome.ACQUIRED)
+        got = await leases.acquire_lease(self.redis, sub=sub, worker=worker,
+                                         lease_seconds=lease_seconds, max_attempts=max_attempts,
+                                         charge=charge, running_event=running.encode())
+        counted = got.outcome in (LeaseOutcome.ACQUIRED, LeaseOutcome.EXHAUSTED)
+        return LeaseGrant(got.outcome, int(got.detail) if counted else 0,
+                          watched=got.watched,
+                          charged=charge and got.outcome == LeaseOutcome.ACQUIRED)
 
     async def watch(self, job_id: str) -> bool:
         """A live event stream watches the job: its events are published from now on (the
         scripts', and, told on `names.WATCH_CHANNEL`, its workers'). A job nobody watches has
         none made. False when it is final or gone."""
-        return bool(await self._watch(keys=[names.job_key(job_id)],
-                                      args=[names.WATCH_CHANNEL, job_id]))
+        return await jobs.watch_job(self.redis, job_id=job_id)
 
     async def renew_leases(self, members: list[str], worker: str, lease_seconds: float) -> int:
         if not members:
             return 0
-        return await self._renew(keys=[names.LEASES, *_job_keys(members)],
-                                 args=[worker, repr(lease_seconds), *_with_owner_fields(members)])
+        return await leases.renew_leases(self.redis, members=members, worker=worker,
+                                         lease_seconds=lease_seconds)
 
     async def charge_attempts(self, members: list[str], worker: str) -> int:
         """Charge an attempt to each of `members` this worker leases: they start on the
         device now. Returns how many were charged."""
         if not members:
             return 0
-        fields = []
-        for m in members:
-            index = names.split_member(m)[1]
-            fields += [names.owner_field(index), names.attempts_field(index)]
-        return await self._charge(keys=_job_keys(members), args=[worker, *fields])
+        return await leases.charge_attempts(self.redis, members=members, worker=worker)
 
     async def mark_sent(self, model: str, members: list[str]) -> None:
         """These outstanding sub-requests are being sent again: they count as sent now."""
         if members:
-            await self._mark_sent(keys=[names.backlog_key(model)], args=members)
+            await backlog.mark_sent(self.redis, model=model, members=members)
 
     async def claim_lost(self, model: str, member: str, sent: float) -> bool:
         """Take an outstanding sub-request that `sent` (its backlog score as read) says was
-        sent long ago and that no lease holds, to send it again; see lua.CLAIM_LOST."""
-        return bool(await self._claim_lost(keys=[names.backlog_key(model), names.LEASES],
-                                           args=[member, repr(sent)]))
+        sent long ago and that no lease holds, to send it again; see claim_lost.lua."""
+        return await backlog.claim_lost(self.redis, model=model, member=member, sent=sent)
 
     async def release_lease(self, member: str, worker: str) -> bool:
-        job_id, index = names.split_member(member)
-        return bool(await self._release(keys=[names.LEASES, names.job_key(job_id)],
-                                         args=[member, worker, names.owner_field(index)]))
+        return await leases.release_lease(self.redis, member=member, worker=worker)
 
     async def hand_back_lease(self, sub: SubRequest, worker: str, new_owner: str,
                               charged: bool) -> bool:
         """Expire `worker`'s lease on `sub` at once, owned by `new_owner` from now on, and give
         back the attempt it was `charged` (if it started). False when `worker` no longer held
         it."""
-        return bool(
-            await self._hand_back(
-                keys=[names.LEASES, names.job_key(sub.job_id)],
-                args=[sub.member, worker, new_owner, names.owner_field(sub.index),
-                      names.attempts_field(sub.index), "1" if charged else "0"],
-            )
-        )
+        return await leases.hand_back_lease(self.redis, sub=sub, worker=worker,
+                                            new_owner=new_owner, charged=charged)
 
     async def claim_expired_leases(self, owner: str = "janitor:", hold_seconds: float = 30.0,
                                    limit: int = 100) -> list[tuple[str, int]]:
@@ -465,31 +378,29 @@ class JobStore:
         while it sends the sub-request again; it gives them up with `release_lease`."""
         # Read first, so that the script that takes them is told the records it writes; it
         # takes only those still expired when it runs.
-        first = [m.decode() for m in await self._expired(keys=[names.LEASES], args=[limit])]
+        first = await leases.expired_leases(self.redis, limit=limit)
         if not first:
             return []
-        members = await self._claim_expired(
-            keys=[names.LEASES, *_job_keys(first)],
-            args=[owner, repr(hold_seconds), *_with_owner_fields(first)],
-        )
+        members = await leases.claim_expired(self.redis, members=first, owner=owner,
+                                             hold_seconds=hold_seconds)
         out = []
         for m in members:
-            job_id, index = names.split_member(m.decode())
+            job_id, index = names.split_member(m)
             out.append((job_id, int(index)))
         return out
 
     async def attempts(self, job_id: str, index: int) -> int:
-        return int(await self.redis.hget(names.job_key(job_id), names.attempts_field(index))
-                   or 0)
+        got = await self.redis.hget(names.job_key(job_id), names.attempts_field(index))
+        return int(replies.optional_raw(got) or 0)
 
     async def lease_owner(self, job_id: str, index: int) -> str | None:
         """Who holds the sub-request's lease, if anyone (it may have expired)."""
         owner = await self.redis.hget(names.job_key(job_id), names.owner_field(index))
-        return owner.decode() if owner else None
+        return replies.optional_text(owner) or None
 
     async def lease_owners(self, job_id: str) -> dict[int, str]:
         """Who holds the lease of each of the job's sub-requests that one holds."""
-        return lease_owners_in(await self.redis.hgetall(names.job_key(job_id)))
+        return lease_owners_in(replies.raw_hash(await self.redis.hgetall(names.job_key(job_id))))
 
     async def dead_letter(self, sub: SubRequest, result: SubResult) -> int:
         """Give a sub-request up: keep it in the dead-letter list for an operator, and store
@@ -501,8 +412,8 @@ class JobStore:
 
 
 def _final_flags(meta: JobMeta) -> str:
-    """What FINALIZE does for a job besides its status: w webhook deliveries to keep with the
-    record, d a deadline to drop, f a `completed` webhook to announce."""
+    """What finalize.lua does for a job besides its status: w webhook deliveries to keep with
+    the record, d a deadline to drop, f a `completed` webhook to announce."""
     return "".join((
         "w" if meta.webhook is not None else "",
         "d" if meta.deadline_seconds is not None else "",
@@ -531,18 +442,6 @@ def _record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
         error=JobError.model_validate_json(h["error"]) if h.get("error") else None,
         meta=JobMeta.model_validate_json(h["meta"]) if h.get("meta") else JobMeta(),
     )
-
-
-def _job_keys(members: list[str]) -> list[str]:
-    return [names.job_key(names.split_member(m)[0]) for m in members]
-
-
-def _with_owner_fields(members: list[str]) -> list[str]:
-    """Each member followed by its owner field, as the lease scripts take them."""
-    out = []
-    for m in members:
-        out += [m, names.owner_field(names.split_member(m)[1])]
-    return out
 
 
 def _per_index(raw: dict[bytes, bytes], prefix: str) -> dict[int, bytes]:

@@ -5,7 +5,8 @@ A claim names its job and says whether the job was stored yet. A second request 
 claim whose job is not in the store tells the two cases apart: a stored job that has since
 expired frees the key; one still being created (by a request running beside it) is waited for
 briefly and returned, else answered 409, so two concurrent requests make one job. Every change
-to a claim checks that it is still the one it read (shared/lua.py `SWAP_IF_EQUAL`)."""
+to a claim checks that it is still the one it read
+(shared/redis_scripts/scripts/swap_if_equal.lua)."""
 
 import asyncio
 import contextlib
@@ -17,9 +18,9 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 
-from shared import names
+from shared import names, redis_replies
 from shared.errors import IdempotencyConflict, JobNotFound
-from shared.lua import SWAP_IF_EQUAL
+from shared.redis_scripts.claims import swap_if_equal
 
 T = TypeVar("T")  # whatever the caller's loader gives for an earlier job
 
@@ -53,10 +54,10 @@ async def claim(redis: aioredis.Redis, owner: str | None, key: str, digest: str,
     another body."""
     if await redis.set(_key(owner, key), entry, nx=True, ex=TTL_SECONDS):
         return None
-    raw = await redis.get(_key(owner, key))
+    raw = redis_replies.optional_text(await redis.get(_key(owner, key)))
     if raw is None:
         return await claim(redis, owner, key, digest, entry)  # freed in between: try again
-    if raw.decode() == entry:
+    if raw == entry:
         # Our own SET ran after all: its reply was lost to a timeout (a paused Redis) and the
         # client's retry found the key taken. An entry names a fresh job id and its time, so
         # no other request can have written the same one.
@@ -65,13 +66,13 @@ async def claim(redis: aioredis.Redis, owner: str | None, key: str, digest: str,
     if earlier.get("digest") != digest:
         raise IdempotencyConflict(
             "Idempotency-Key was already used with a different request body")
-    return raw.decode(), earlier
+    return raw, earlier
 
 
 async def _swap(redis: aioredis.Redis, owner: str | None, key: str, expected: str,
                 new: str = "") -> bool:
     """Replace the claim (or delete it, `new` empty) only if it is still `expected`."""
-    return bool(await redis.eval(SWAP_IF_EQUAL, 1, _key(owner, key), expected, new))
+    return await swap_if_equal(redis, key=_key(owner, key), expected=expected, new=new)
 
 
 class Claims:

@@ -14,7 +14,7 @@ from shared.errors import InvalidInput, Problem
 from shared.inputs import TaskInput, validate_input
 from shared.job import JobMeta, JobOptions, JobRequest, JobStatus
 from shared.job_ids import new_job_id
-from shared.jobstore import JobRecord, JobStore
+from shared.jobstore import JobRecord, JobStore, NewJob
 from shared.registry import ModelRegistry, ModelSpec
 from shared.settings import Settings
 from shared.token_bucket import TokenBucket
@@ -76,8 +76,9 @@ class Submissions:
             meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
                            owner=principal.key_id, idempotency_key=idempotency_key,
                            base_url=base_url)
-            rec = await self.store.create(probe.id, probe.task, probe.model, probe.input,
-                                          len(subs), meta, enqueue, bucket, watched=watched)
+            job = NewJob(probe.id, probe.task, probe.model, probe.input, len(subs), meta,
+                         watched=watched)
+            rec = await self.store.create(job, enqueue=enqueue, bucket=bucket)
         # Counted once the job exists (it will reach a final status and be counted finished):
         # an Idempotency-Key replay is not a new job.
         metrics.JOBS_SUBMITTED.labels(spec.task, spec.name).inc()

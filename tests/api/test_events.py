@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from services.api.events import EventHub, job_events, wait_final
 from shared import names
 from shared.job import JobMeta, JobStatus
+from shared.jobstore import NewJob
 from shared.messages import (
     FinishReason,
     OutputData,
@@ -37,8 +38,8 @@ async def hub(redis_url):
 
 
 async def _job(store, job_id: str, total: int = 1, meta: JobMeta | None = None):
-    return await store.create(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"] * total},
-                              total, meta)
+    return await store.create(NewJob(job_id, "text-generation", "tiny-gpt2",
+                                     {"prompts": ["a"] * total}, total, meta))
 
 
 async def _pubsub_clients(aredis) -> int:

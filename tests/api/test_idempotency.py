@@ -18,7 +18,7 @@ from services.api.submission import Submissions
 from shared import names
 from shared.errors import IdempotencyConflict
 from shared.job import JobRequest
-from shared.jobstore import JobStore
+from shared.jobstore import JobStore, NewJob
 from shared.queue_depth import priority_lists
 from shared.registry import load_registry
 from shared.settings import get_settings
@@ -44,7 +44,7 @@ async def _entry(aredis, key: str) -> dict | None:
 
 
 async def _stored(store: JobStore, job_id: str) -> str:
-    await store.create(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1)
+    await store.create(NewJob(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1))
     return job_id
 
 

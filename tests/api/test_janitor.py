@@ -9,7 +9,7 @@ from services.api.janitor import Janitor
 from services.api.joiner import Joiner
 from shared import names
 from shared.job import DEFAULT_PRIORITY, JobStatus
-from shared.jobstore import JobRecord
+from shared.jobstore import JobRecord, NewJob
 from shared.messages import SubRequest
 from shared.queue_depth import priority_lists
 
@@ -26,13 +26,8 @@ async def _queued(aredis, model: str) -> list[SubRequest]:
 
 
 async def _job(store):
-    await store.create(
-        "j1",
-        "text-generation",
-        "tiny-gpt2",
-        {"prompts": ["a", "b"], "seed": 5, "max_new_tokens": 3},
-        2,
-    )
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2",
+                              {"prompts": ["a", "b"], "seed": 5, "max_new_tokens": 3}, 2))
     await store.mark_dispatched("j1")
 
 
@@ -41,7 +36,7 @@ async def _queued_job(store, dispatcher, job_id: str, prompts: list[str]) -> Non
     inp = {"prompts": prompts}
     rec = JobRecord(job_id, "text-generation", "tiny-gpt2", JobStatus.QUEUED, inp, len(prompts),
                     0.0)
-    await store.create(job_id, "text-generation", "tiny-gpt2", inp, len(prompts),
+    await store.create(NewJob(job_id, "text-generation", "tiny-gpt2", inp, len(prompts)),
                        enqueue=dispatcher.messages(dispatcher.subrequests(rec)))
 
 
@@ -84,7 +79,8 @@ async def test_sub_request_out_of_attempts_is_dead_lettered(
 
 
 async def test_interrupted_dispatch_is_completed(store, aredis, dispatcher, settings, lifecycle):
-    await store.create("j2", "text-generation", "tiny-gpt2", {"prompts": ["a", "b", "c"]}, 3)
+    await store.create(NewJob("j2", "text-generation", "tiny-gpt2", {"prompts": ["a", "b", "c"]},
+                              3))
     await aredis.zadd(names.DISPATCHING, {"j2": 0})  # its creator died long ago
     janitor = Janitor(store, dispatcher, lifecycle, settings)
     assert await janitor.sweep() == 3
@@ -145,7 +141,7 @@ async def test_a_failed_send_loses_nothing(store, aredis, dispatcher, settings, 
     """Three expired leases, and the send of the first one fails: the other two go out in the
     same sweep, and the first once the orphan sweep finds it."""
     for job in ("a", "b", "c"):
-        await store.create(job, "text-generation", "tiny-gpt2", {"prompts": ["x"]}, 1)
+        await store.create(NewJob(job, "text-generation", "tiny-gpt2", {"prompts": ["x"]}, 1))
         for key in priority_lists("tiny-gpt2"):
             await aredis.delete(key)
         sub = dispatcher.subrequests(await store.get(job))[0]
@@ -189,8 +185,8 @@ async def test_a_deadline_whose_expiry_failed_is_taken_again(store, aredis, disp
     from shared.job import JobMeta
     from shared.jobstore import RETRY_CLAIM_SECONDS
 
-    await store.create("d1", "text-generation", "tiny-gpt2", {"prompts": ["x"]}, 1,
-                       JobMeta(deadline_seconds=0.01))
+    await store.create(NewJob("d1", "text-generation", "tiny-gpt2", {"prompts": ["x"]}, 1,
+                              JobMeta(deadline_seconds=0.01)))
     await asyncio.sleep(0.05)
 
     async def broken(job_id):

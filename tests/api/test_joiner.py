@@ -5,11 +5,13 @@ import asyncio
 from services.api.joiner import Joiner
 from shared import names
 from shared.job import JobError
+from shared.jobstore import NewJob
 from shared.messages import CompletionEntry, SubResult
 
 
 async def _job(store, total=3):
-    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"] * total}, total)
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"] * total},
+                              total))
 
 
 async def _drain(joiner: Joiner) -> None:
@@ -86,7 +88,8 @@ async def test_two_joiners_side_by_side_finish_each_job_once(store, aredis, sett
     # With a `completed` webhook: such a job's final change is also a stream entry.
     meta = JobMeta(webhook="https://hooks.example.com/x")
     for j in range(n_jobs):
-        await store.create(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 2, meta)
+        await store.create(NewJob(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 2,
+                                  meta))
     # Both replicas stay alive: neither may take the other's entries. (The suite's claim idle
     # of 50 ms would let a slow moment of a loaded machine count as a dead replica.)
     alive = settings.model_copy(update={"joiner_claim_idle_seconds": 30.0})
@@ -125,7 +128,7 @@ async def test_completed_webhook_is_enqueued_even_if_the_finisher_died(
     from shared.job import JobMeta, JobStatus
 
     meta = JobMeta(webhook="https://hooks.example.com/x")
-    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1, meta)
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1, meta))
     joiner = Joiner(aredis, lifecycle, settings, "api-2")
     await joiner.ensure_group()
     # A replica finalized the job and died before enqueueing its webhook.
@@ -141,7 +144,7 @@ async def test_a_job_without_webhooks_is_joined_from_its_results_alone(
     from shared.job import JobStatus
     from shared.messages import SubRequest, TextItem
 
-    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1)
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1))
     joiner = Joiner(aredis, lifecycle, settings, "api-1")
     await joiner.ensure_group()
     sub = SubRequest(job_id="j1", index=0, model="tiny-gpt2",
@@ -162,7 +165,7 @@ async def test_a_batch_is_acknowledged_with_the_next_read(store, aredis, setting
 
     n_jobs = 10
     for j in range(n_jobs):
-        await store.create(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1)
+        await store.create(NewJob(f"k{j}", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1))
     joiner = Joiner(aredis, lifecycle, settings, "api-1")
     await joiner.ensure_group()
     await aredis.config_resetstat()
@@ -187,14 +190,15 @@ async def test_a_batch_is_acknowledged_with_the_next_read(store, aredis, setting
 async def test_the_stream_keeps_every_entry_not_yet_joined(store, aredis, settings, lifecycle):
     """Joiners that fall far behind lose nothing: 3,000 completions pile up unread while a
     length cap of 1,000 would have dropped most of them; trimming drops only what was joined."""
-    from shared import lua
+    from shared.redis_scripts.loader import source
 
-    assert "MAXLEN" not in lua.STORE_RESULT + lua.FINALIZE + lua.ACQUIRE_LEASE
+    assert not any("MAXLEN" in source(s) for s in ("store_result", "finalize", "acquire_lease"))
     joiner = Joiner(aredis, lifecycle, settings, "api-1")
     await joiner.ensure_group()
     jobs = 1500
     for i in range(jobs):
-        await store.create(f"j{i}", "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]}, 2)
+        await store.create(NewJob(f"j{i}", "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]},
+                                  2))
     for i in range(jobs):
         for index in (0, 1):
             await store.store_result(f"j{i}", SubResult(
@@ -226,8 +230,8 @@ async def test_different_jobs_are_joined_side_by_side_and_a_jobs_own_in_order(
     store, aredis, settings, lifecycle
 ):
     for job, total in (("j1", 2), ("j2", 1)):
-        await store.create(job, "text-generation", "tiny-gpt2", {"prompts": ["a"] * total},
-                           total)
+        await store.create(NewJob(job, "text-generation", "tiny-gpt2", {"prompts": ["a"] * total},
+                                  total))
     joiner = Joiner(aredis, lifecycle, settings, "api-1")
     await joiner.ensure_group()
     for job, index in (("j1", 0), ("j1", 1), ("j2", 0)):

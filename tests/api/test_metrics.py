@@ -13,6 +13,7 @@ from services.api.http_metrics import method_label
 from services.api.lifecycle import Lifecycle
 from shared.celery_config import PRIORITY_STEPS
 from shared.job import JobError, JobMeta, JobStatus
+from shared.jobstore import NewJob
 from shared.messages import SubRequest, SubResult, TextItem
 from shared.registry import load_registry
 from tests.conftest import backlog
@@ -168,8 +169,8 @@ def _ok(index: int) -> SubResult:
 
 
 async def _job(store, job_id: str, total_: int, meta: JobMeta | None = None) -> None:
-    await store.create(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"] * total_},
-                       total_, meta)
+    await store.create(NewJob(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"] * total_},
+                              total_, meta))
     await store.mark_dispatched(job_id)
 
 

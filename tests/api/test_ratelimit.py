@@ -9,6 +9,7 @@ from services.api.app import create_app
 from services.api.auth import Principal
 from services.api.ratelimit import RateLimiter, bucket_key
 from shared.errors import RateLimited
+from shared.jobstore import NewJob
 from shared.queue_depth import queue_depth
 from shared.settings import Settings, get_settings
 from shared.token_bucket import TokenBucket
@@ -52,7 +53,7 @@ def test_reading_jobs_is_not_rate_limited(client):
 
 
 def _create(store, job_id: str, bucket: TokenBucket):
-    return store.create(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
+    return store.create(NewJob(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1),
                         bucket=bucket)
 
 

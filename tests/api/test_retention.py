@@ -17,7 +17,7 @@ from shared.blobstore.keys import output_key
 from shared.blobstore.local import LocalBlobStore
 from shared.job import JobMeta
 from shared.job_ids import new_job_id
-from shared.jobstore import JobStore
+from shared.jobstore import JobStore, NewJob
 from shared.messages import GeneratedImage, SubResult
 from shared.settings import get_settings
 
@@ -99,8 +99,8 @@ def test_an_output_past_its_retention_is_gone_while_its_record_is_kept(client, r
     async def record():
         r = aioredis.Redis.from_url(redis_url)
         store = JobStore(r)
-        await store.create(job_id, "image-generation", "digits", {"prompts": ["3"]}, 1,
-                           meta=JobMeta(owner=key_id(digest(KEY_A))))
+        await store.create(NewJob(job_id, "image-generation", "digits", {"prompts": ["3"]}, 1,
+                                  JobMeta(owner=key_id(digest(KEY_A)))))
         await store.store_result(job_id, SubResult(
             index=0, output=GeneratedImage(seed=1, width=16, height=16),
             blob=output_key(job_id, 0, key_id(digest(KEY_A))), worker="w1"), model="digits")

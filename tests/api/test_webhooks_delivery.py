@@ -23,7 +23,7 @@ from services.api.webhooks.outbox import Outbox, webhook_id
 from services.api.webhooks.ssrf import check_webhook_url
 from shared import names
 from shared.job import JobMeta, JobStatus
-from shared.jobstore import JobRecord, JobStore
+from shared.jobstore import JobRecord, JobStore, NewJob
 from shared.settings import Settings
 from tests.api.conftest import WEBHOOK_SECRET
 
@@ -166,7 +166,7 @@ async def new_job(store: JobStore, url: str | None, events: list[str] | None = N
                   final: bool = True) -> JobRecord:
     job_id = uuid.uuid4().hex
     meta = JobMeta(webhook=url, webhook_events_filter=events or ["completed"])
-    await store.create(job_id, "text-generation", "tiny-gpt2", {"prompt": "hi"}, 1, meta=meta)
+    await store.create(NewJob(job_id, "text-generation", "tiny-gpt2", {"prompt": "hi"}, 1, meta))
     if final:
         await store.finalize(job_id, JobStatus.SUCCEEDED, OUTPUT)
     return await store.get(job_id)

@@ -8,7 +8,7 @@ import pytest
 
 from shared import names
 from shared.job import JobError, JobMeta, JobStatus
-from shared.jobstore import JobStore
+from shared.jobstore import JobStore, NewJob
 from shared.messages import GeneratedText, SubResult
 from tests.conftest import backlog
 
@@ -21,7 +21,8 @@ def _text(text: str) -> GeneratedText:
 
 async def _job(store: JobStore, job_id: str = "j1", total: int = 3, model: str = MODEL,
                meta: JobMeta | None = None):
-    return await store.create(job_id, "text-generation", model, {"prompts": ["a"]}, total, meta)
+    return await store.create(NewJob(job_id, "text-generation", model, {"prompts": ["a"]}, total,
+                                     meta))
 
 
 def _ok(index: int, worker: str = "w1") -> SubResult:

@@ -8,7 +8,7 @@ import pytest
 from shared import names
 from shared.errors import JobNotFound
 from shared.job import JobStatus
-from shared.jobstore import RAN_TTL_SECONDS, Finished, JobStore
+from shared.jobstore import RAN_TTL_SECONDS, Finished, JobStore, NewJob
 from shared.messages import GeneratedText, SubRequest, SubResult, TextItem
 
 FINALS = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED]
@@ -19,7 +19,8 @@ def _text(text: str) -> GeneratedText:
 
 
 async def _job(store: JobStore, job_id: str = "j1", total: int = 3):
-    return await store.create(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"]}, total)
+    return await store.create(NewJob(job_id, "text-generation", "tiny-gpt2", {"prompts": ["a"]},
+                                     total))
 
 
 def _sub(job_id: str = "j1", index: int = 0) -> SubRequest:
@@ -336,8 +337,8 @@ async def test_reading_a_job_is_one_command(store, aredis):
     rec = await store.get("j1")
     assert await _calls(aredis) == 1 and rec.webhook_deliveries == []
     # A job with a webhook also has its delivery attempts read.
-    await store.create("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
-                       JobMeta(webhook="https://example.com/h"))
+    await store.create(NewJob("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
+                              JobMeta(webhook="https://example.com/h")))
     await aredis.config_resetstat()
     await store.get("j2")
     assert await _calls(aredis) == 2
@@ -375,9 +376,9 @@ async def test_the_first_start_is_an_event_and_an_entry_only_for_a_start_webhook
     pubsub = aredis.pubsub()
     await pubsub.subscribe(names.events_channel("j1"), names.events_channel("j2"))
     await _job(store, "j1")
-    await store.create("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
-                       JobMeta(webhook="https://example.com/h",
-                               webhook_events_filter=["start"]), watched=True)
+    await store.create(NewJob("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
+                              JobMeta(webhook="https://example.com/h",
+                                      webhook_events_filter=["start"]), watched=True))
     assert await store.watch("j1")
     for job_id in ("j1", "j2"):
         await store.acquire_lease(_sub(job_id, 0), "w1", 30, 3)
@@ -474,8 +475,8 @@ async def test_finalize_announces_the_job_and_returns_it_as_stored(store, aredis
 async def test_finalize_takes_a_job_with_a_deadline_out_of_the_deadlines(store, aredis):
     from shared.job import JobMeta
 
-    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
-                       JobMeta(deadline_seconds=60))
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1,
+                              JobMeta(deadline_seconds=60)))
     rec = await store.get("j1")
     assert await aredis.zscore(names.DEADLINES, "j1") is not None
     assert await store.finalize("j1", JobStatus.CANCELED, [None], rec=rec)
@@ -488,7 +489,7 @@ ONE_OUTPUT = {"text": "x", "finish_reason": "length", "tokens": 1, "worker": "w1
 
 
 async def _leased_one(store: JobStore, meta=None) -> SubRequest:
-    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1, meta)
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1, meta))
     sub = _sub()
     await store.acquire_lease(sub, "w1", 30, 3)
     await store.charge_attempts([sub.member], "w1")

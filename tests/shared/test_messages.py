@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from shared import names
 from shared.job import JobMeta, JobStatus
-from shared.jobstore import JobStore
+from shared.jobstore import JobStore, NewJob
 from shared.messages import (
     CancelNotice,
     CompletionEntry,
@@ -84,7 +84,8 @@ async def test_completion_entries_read_as_the_scripts_write_them(store: JobStore
     # (tests/shared/test_jobstore.py has the job without).
     hooks = JobMeta(webhook="https://example.com/hook",
                     webhook_events_filter=["start", "completed"])
-    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]}, 2, hooks)
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]}, 2,
+                              hooks))
     await store.acquire_lease(TEXT, "w1", 30, 3)  # started
     await store.store_result("j1", SubResult(index=0, error=JobError(code="x", message="y")))
     await store.finalize("j1", JobStatus.FAILED, [None, None])

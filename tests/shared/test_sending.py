@@ -9,7 +9,7 @@ import pytest
 from shared import names
 from shared.celery_config import make_celery
 from shared.job import JobMeta
-from shared.jobstore import Enqueue, JobStore
+from shared.jobstore import Enqueue, JobStore, NewJob
 from shared.messages import SubRequest, TextItem
 from shared.queue_depth import priority_lists
 from shared.sending import TaskMessages, send_subrequests
@@ -76,8 +76,8 @@ async def test_a_job_is_stored_with_its_messages_in_one_step(store: JobStore, ar
     subs = _subs("j1", 3)
     enqueue = TaskMessages(celery).build(subs, 2)
     meta = JobMeta(priority=2, webhook="https://example.com/h", deadline_seconds=30)
-    await store.create("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"] * 3}, 3, meta,
-                       enqueue)
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"] * 3}, 3,
+                              meta), enqueue=enqueue)
     # On the queue in order (kombu pops from the right), not marked as being dispatched.
     assert await aredis.lrange(enqueue.queue, 0, -1) == enqueue.messages[::-1]
     assert await aredis.zscore(names.DISPATCHING, "j1") is None
@@ -87,14 +87,14 @@ async def test_a_job_is_stored_with_its_messages_in_one_step(store: JobStore, ar
     rec = await store.get("j1")
     assert (rec.status, rec.total, rec.done, rec.meta.priority) == ("queued", 3, 0, 2)
     # Without messages the caller sends them itself: marked for the janitor until it has.
-    await store.create("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1)
+    await store.create(NewJob("j2", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1))
     assert await aredis.zscore(names.DISPATCHING, "j2") is not None
     assert await aredis.llen(enqueue.queue) == 3
 
 
 async def test_many_messages_go_in_chunks(store: JobStore, aredis):
     messages = [f"m{i}".encode() for i in range(700)]  # past Lua's unpack() chunk
-    await store.create("big", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 700,
+    await store.create(NewJob("big", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 700),
                        enqueue=Enqueue("fibermill.tiny-gpt2", messages))
     assert await aredis.lrange("fibermill.tiny-gpt2", 0, -1) == messages[::-1]
     assert await aredis.zcard(names.backlog_key("tiny-gpt2")) == 700

@@ -16,6 +16,7 @@ from services.worker.flights import InFlight
 from services.worker.runtime import WorkerRuntime
 from shared import names
 from shared.celery_config import make_celery
+from shared.jobstore import NewJob
 from shared.messages import SubRequest, TextItem
 from shared.registry import load_registry
 from shared.settings import Settings
@@ -32,7 +33,8 @@ def runtime(redis_url, model_dir):
     celery = make_celery(settings)
     rt = WorkerRuntime(settings, load_registry(settings.model_registry), celery)
     rt.start()
-    rt.call(rt.store.create(JOB, "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]}, 2))
+    rt.call(rt.store.create(NewJob(JOB, "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]},
+                                   2)))
     yield rt
     rt.stop()
     celery.close()

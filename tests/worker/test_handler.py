@@ -12,7 +12,7 @@ from services.worker.runtime import WorkerRuntime
 from shared import names
 from shared.celery_config import make_celery
 from shared.job_metrics import JOBS_FINISHED
-from shared.jobstore import JobStore
+from shared.jobstore import JobStore, NewJob
 from shared.messages import GeneratedText, OutputEvent, SubRequest, SubResult, TextItem
 from shared.registry import load_registry
 from shared.settings import Settings
@@ -41,8 +41,9 @@ def _sub(index=0, model="tiny-gpt2", **item) -> SubRequest:
 def job(runtime, redis_url):
     def create(total=1, watched=False):
         async def go():
-            await runtime.store.create("j1", "text-generation", "tiny-gpt2",
-                                       {"prompts": ["hello"] * total}, total, watched=watched)
+            await runtime.store.create(NewJob("j1", "text-generation", "tiny-gpt2",
+                                              {"prompts": ["hello"] * total}, total,
+                                              watched=watched))
         runtime.call(go())
     return create
 

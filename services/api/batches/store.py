@@ -1,5 +1,6 @@
 """Batches in Redis: the batch object, its lines' progress, and the lease of the replica that
-drives it. Every change a route and the driver could race on is one script.
+drives it. Every change a route and the driver could race on is one script
+(shared/redis_scripts/scripts/batch_*.lua).
 
 Keys (shared/names.py): `fm:batch:{id}` (hash: the object's fields, plus the owner, the
 webhook, the planned output file ids and the key of the batch's copy of its input),
@@ -17,8 +18,9 @@ import redis.asyncio as aioredis
 
 from services.api.batches import listing
 from services.api.batches.errors import BatchNotFound
-from shared import names
+from shared import names, redis_replies
 from shared.job_ids import created_at, new_job_id
+from shared.redis_scripts import batches as scripts
 
 BATCH_PREFIX = "batch_"
 COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
@@ -26,52 +28,6 @@ FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 OPEN_STATUSES = ("validating", "in_progress")  # what cancel moves to cancelling
 TIMESTAMPS = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
               "expired_at", "cancelling_at", "cancelled_at")
-
-# Move a batch from one of ARGV[1] (comma-separated) to ARGV[2], setting the field/value pairs
-# that follow; 1 when it moved, 0 when its status was another, -1 when there is no batch.
-TRANSITION = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-local allowed = false
-for s in string.gmatch(ARGV[1], '[^,]+') do
-  if s == status then allowed = true end
-end
-if not allowed then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[2])
-for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-return 1
-"""
-
-# A line is done: keep its file line once and count it; 1 done now, 0 was done already, -1
-# when this replica no longer holds the batch's lease (KEYS: batch, jobs, done, lease).
-RECORD_LINE = """
-if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -1 end
-redis.call('HDEL', KEYS[2], ARGV[2])
-if redis.call('HSETNX', KEYS[3], ARGV[2], ARGV[3]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], ARGV[4], 1)
-return 1
-"""
-
-# A line was submitted as a job (KEYS: jobs, done, lease); -1 when the lease is lost.
-RECORD_JOB = """
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
-if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-return 1
-"""
-
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 class LeaseLost(Exception):
     """Another replica drives the batch now: this one stops."""
@@ -94,14 +50,9 @@ class BatchStore:
     def __init__(self, redis: aioredis.Redis, ttl_seconds: int) -> None:
         self.redis = redis
         self.ttl = ttl_seconds  # of a batch object once it ended (file_ttl_seconds)
-        self._transition = redis.register_script(TRANSITION)
-        self._record_line = redis.register_script(RECORD_LINE)
-        self._record_job = redis.register_script(RECORD_JOB)
-        self._renew = redis.register_script(RENEW)
         # Told when this replica created or cancelled a batch: its driver acts now rather than
         # at its next tick (another replica's driver finds it at its own tick).
         self._watchers: list[Callable[[], None]] = []
-        self._release = redis.register_script(RELEASE)
 
     async def create(self, input_file_id: str, endpoint: str, completion_window: str,
                      metadata: dict[str, str] | None, owner: str | None,
@@ -122,7 +73,7 @@ class BatchStore:
         kept = COMPLETION_WINDOW_SECONDS[completion_window] + self.ttl
         cutoff = f"({BATCH_PREFIX}{new_job_id(now - kept)[:12]}"
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(names.batch_key(batch_id), mapping=fields)
+            pipe.hset(names.batch_key(batch_id), items=[x for kv in fields.items() for x in kv])
             pipe.zadd(index, {batch_id: 0})
             pipe.zremrangebylex(index, "-", cutoff)
             pipe.expire(index, kept)
@@ -134,7 +85,7 @@ class BatchStore:
     async def find(self, batch_id: str) -> dict[str, str] | None:
         if not is_batch_id(batch_id):
             return None
-        return _fields(await self.redis.hgetall(names.batch_key(batch_id)))
+        return _fields(redis_replies.raw_hash(await self.redis.hgetall(names.batch_key(batch_id))))
 
     async def get(self, batch_id: str, owner: str | None) -> dict[str, str]:
         """The caller's batch (the open API, `owner` None, sees every one); BatchNotFound
@@ -157,9 +108,8 @@ class BatchStore:
         if isinstance(from_, str):
             from_ = (from_,)
         stamp = {f"{to}_at": int(time.time())} if f"{to}_at" in TIMESTAMPS else {}
-        args = [x for kv in {**stamp, **fields}.items() for x in kv]
-        moved = await self._transition(keys=[names.batch_key(batch_id)],
-                                       args=[",".join(from_), to, *args])
+        moved = await scripts.transition(self.redis, batch_id=batch_id, from_=from_, to=to,
+                                         fields={**stamp, **fields})
         return moved == 1
 
     async def cancel(self, batch_id: str) -> bool:
@@ -178,33 +128,30 @@ class BatchStore:
     # Driving ---------------------------------------------------------------------------------
 
     async def active(self) -> list[str]:
-        return sorted(i.decode() for i in await self.redis.smembers(names.BATCHES_ACTIVE))
+        return sorted(redis_replies.text(i)
+                      for i in await self.redis.smembers(names.BATCHES_ACTIVE))
 
     async def claim(self, batch_id: str, me: str, lease_ms: int) -> bool:
         return bool(await self.redis.set(names.batch_lease_key(batch_id), me, nx=True,
                                          px=lease_ms))
 
     async def renew(self, batch_id: str, me: str, lease_ms: int) -> bool:
-        return bool(await self._renew(keys=[names.batch_lease_key(batch_id)],
-                                      args=[me, lease_ms]))
+        return await scripts.renew(self.redis, batch_id=batch_id, me=me, lease_ms=lease_ms)
 
     async def release(self, batch_id: str, me: str) -> None:
-        await self._release(keys=[names.batch_lease_key(batch_id)], args=[me])
+        await scripts.release(self.redis, batch_id=batch_id, me=me)
 
     async def record_job(self, batch_id: str, me: str, index: int, job_id: str) -> None:
-        res = await self._record_job(
-            keys=[names.batch_jobs_key(batch_id), names.batch_done_key(batch_id),
-                  names.batch_lease_key(batch_id)], args=[me, index, job_id])
+        res = await scripts.record_job(self.redis, batch_id=batch_id, me=me, index=index,
+                                       job_id=job_id)
         if res == -1:
             raise LeaseLost(batch_id)
 
     async def record_line(self, batch_id: str, me: str, index: int, ok: bool,
                           line: dict[str, Any]) -> None:
         entry = ("o" if ok else "e") + json.dumps(line, separators=(",", ":"))
-        res = await self._record_line(
-            keys=[names.batch_key(batch_id), names.batch_jobs_key(batch_id),
-                  names.batch_done_key(batch_id), names.batch_lease_key(batch_id)],
-            args=[me, index, entry, "completed" if ok else "failed"])
+        res = await scripts.record_line(self.redis, batch_id=batch_id, me=me, index=index,
+                                        entry=entry, counter="completed" if ok else "failed")
         if res == -1:
             raise LeaseLost(batch_id)
 
@@ -217,7 +164,7 @@ class BatchStore:
         return ({int(k): v.decode() for k, v in jobs.items()}, {int(k) for k in done})
 
     async def done_lines(self, batch_id: str) -> dict[int, bytes]:
-        raw = await self.redis.hgetall(names.batch_done_key(batch_id))
+        raw = redis_replies.raw_hash(await self.redis.hgetall(names.batch_done_key(batch_id)))
         return {int(k): v for k, v in raw.items()}
 
     async def set_fields(self, batch_id: str, **fields: Any) -> None:
@@ -227,8 +174,8 @@ class BatchStore:
     async def set_if_absent(self, batch_id: str, field: str, value: str) -> str:
         """The field's value: `value` if it had none."""
         await self.redis.hsetnx(names.batch_key(batch_id), field, value)
-        got = await self.redis.hget(names.batch_key(batch_id), field)
-        return got.decode() if got is not None else value
+        got = redis_replies.optional_text(await self.redis.hget(names.batch_key(batch_id), field))
+        return got if got is not None else value
 
     async def retire(self, batch_id: str) -> None:
         """An ended batch: drop what only running it needed; keep its object for the TTL."""

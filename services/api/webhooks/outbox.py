@@ -24,7 +24,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal, cast
+from typing import Literal, get_args
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -35,17 +35,17 @@ from services.api.webhooks.retry import backoff
 from services.api.webhooks.secret import installation_secret
 from services.api.webhooks.sender import Attempt, Sender
 from services.api.webhooks.signing import Signer
+from shared import redis_replies
 from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import JobNotFound
 from shared.job import WebhookDelivery, WebhookEvent
 from shared.jobstore import JobRecord, JobStore
-from shared.lua import WEBHOOK_ENQUEUE, WEBHOOK_RELEASE, WEBHOOK_SETTLE, WEBHOOK_TAKE
 from shared.names import (
     WEBHOOKS_DUE_COMPLETED,
     WEBHOOKS_DUE_UPDATES,
-    webhook_delivery_key,
     webhook_throttle_key,
 )
+from shared.redis_scripts import webhooks as scripts
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,16 @@ class Claim:
         return self.event != "completed"
 
     @property
-    def keys(self) -> list[str]:
-        return [due_key(self.event), webhook_delivery_key(self.id)]
+    def delivery(self) -> scripts.Delivery:
+        return scripts.Delivery(self.id, due_key(self.event))
+
+
+def _event(name: str) -> WebhookEvent:
+    """The webhook event a delivery's hash names (one the outbox enqueued)."""
+    for event in get_args(WebhookEvent):
+        if event == name:
+            return event
+    raise ValueError(f"not a webhook event: {name!r}")
 
 
 class Outbox:
@@ -118,10 +126,6 @@ class Outbox:
             store.finished_ttl,
             settings.webhook_retry_total_seconds + 2 * self.lease_seconds,
         ))
-        self._enqueue = redis.register_script(WEBHOOK_ENQUEUE)
-        self._take = redis.register_script(WEBHOOK_TAKE)
-        self._settle = redis.register_script(WEBHOOK_SETTLE)
-        self._release = redis.register_script(WEBHOOK_RELEASE)
         self._wake = asyncio.Event()
         self._busy: dict[str, set[asyncio.Task[None]]] = {
             WEBHOOKS_DUE_COMPLETED: set(),
@@ -146,10 +150,9 @@ class Outbox:
             wid, ttl = webhook_id(rec.id, event), BEST_EFFORT_TTL_SECONDS
         else:
             wid, ttl = webhook_id(rec.id, event), self.completed_ttl
-        added = await self._enqueue(
-            keys=[due_key(event), webhook_delivery_key(wid)],
-            args=[wid, rec.id, event, repr(time.time()), ttl],
-        )
+        delivery = scripts.Delivery(wid, due_key(event))
+        added = await scripts.enqueue(self.redis, delivery=delivery, job_id=rec.id, event=event,
+                                      now=time.time(), ttl=ttl)
         if added:
             self._wake.set()
 
@@ -214,18 +217,15 @@ class Outbox:
         now = time.time()
         ids = await self.redis.zrangebyscore(queue, "-inf", now, start=0, num=limit)
         claims = []
-        for raw in ids:
-            wid = raw.decode()
+        for wid in redis_replies.texts(ids):
             # Another replica may take it between the range and here: TAKE re-checks the due
             # time, so only one of them gets it.
-            row = await self._take(
-                keys=[queue, webhook_delivery_key(wid)],
-                args=[wid, repr(now), repr(now + self.lease_seconds), self.consumer],
-            )
-            if row:
-                attempt, job_id, event, first_at = row
-                claims.append(Claim(wid, job_id.decode(), cast(WebhookEvent, event.decode()),
-                                    int(attempt), float(first_at)))
+            taken = await scripts.take(self.redis, delivery=scripts.Delivery(wid, queue),
+                                       now=now, lease_until=now + self.lease_seconds,
+                                       consumer=self.consumer)
+            if taken is not None:
+                claims.append(Claim(wid, taken.job_id, _event(taken.event), taken.attempt,
+                                    taken.first_at))
         return claims
 
     async def _deliver(self, claim: Claim, sender: Sender) -> None:
@@ -237,11 +237,11 @@ class Outbox:
             # an attempt already on record keeps its number (the next one is due now).
             with contextlib.suppress(Exception):
                 if recorded:
-                    await self._settle(keys=claim.keys,
-                                       args=[claim.id, claim.attempt, repr(time.time()), ""])
+                    await scripts.settle(self.redis, delivery=claim.delivery,
+                                         attempt=claim.attempt, next_at=time.time())
                 else:
-                    await self._release(keys=claim.keys,
-                                        args=[claim.id, claim.attempt, repr(time.time())])
+                    await scripts.release(self.redis, delivery=claim.delivery,
+                                          attempt=claim.attempt, now=time.time())
             raise
         except Exception:
             # Left claimed: the lease runs out and a replica tries again.
@@ -282,7 +282,8 @@ class Outbox:
         next_at = self._next_attempt(claim, result) if result.verdict == "retry" else None
         if next_at is None:
             await self._end(claim, "failed")
-        elif await self._settle(keys=claim.keys, args=[claim.id, claim.attempt, repr(next_at), ""]):
+        elif await scripts.settle(self.redis, delivery=claim.delivery, attempt=claim.attempt,
+                                  next_at=next_at):
             DELIVERIES.labels(outcome="retrying").inc()
 
     def _next_attempt(self, claim: Claim, result: Attempt) -> float | None:
@@ -303,5 +304,6 @@ class Outbox:
         return now + delay
 
     async def _end(self, claim: Claim, outcome: Outcome) -> None:
-        if await self._settle(keys=claim.keys, args=[claim.id, claim.attempt, "", outcome]):
+        if await scripts.settle(self.redis, delivery=claim.delivery, attempt=claim.attempt,
+                                next_at=None, state=outcome):
             DELIVERIES.labels(outcome=outcome).inc()
