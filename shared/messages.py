@@ -4,7 +4,7 @@
 |---|---|---|---|
 | `SubRequest` | API, janitor, draining worker | Celery queue | worker |
 | `SubResult` | worker, janitor | Redis results hash | API (joiner, outputs) |
-| `CompletionEntry` | Lua scripts (shared/lua.py) | Redis stream `fm:completions` | joiner |
+| `CompletionEntry` | Lua scripts (shared/redis_scripts/) | Redis stream `fm:completions` | joiner |
 | `LiveEvent` | API, worker | per-job pub/sub channel | SSE, `Prefer: wait` |
 | `CancelNotice` | API | pub/sub `fm:cancel` | workers |
 | `WorkerHeartbeat` | worker | Redis key with a TTL | API (`/readyz`, `/v1/models`) |
@@ -50,7 +50,7 @@ class StopReason(StrEnum):
 
 
 class LeaseOutcome(StrEnum):
-    """What taking a sub-request's lease found (shared/lua.py ACQUIRE_LEASE)."""
+    """What taking a sub-request's lease found (shared/redis_scripts/scripts/acquire_lease.lua)."""
 
     ACQUIRED = "acquired"
     DONE = "done"  # its result is stored already

@@ -10,7 +10,7 @@ DEAD_LETTER = f"{PREFIX}:deadletter"
 DISPATCHING = f"{PREFIX}:dispatching"
 DEADLINES = f"{PREFIX}:deadlines"
 CANCEL_CHANNEL = f"{PREFIX}:cancel"  # pub/sub: job ids whose running sub-requests must stop
-# pub/sub: the id of every job that just became final, published by FINALIZE in the same step.
+# pub/sub: the id of every job that just became final, published in the same step (finish_job.lua).
 # Every API replica listens on one connection (services/api/events.py) and wakes its waiters.
 FINAL_CHANNEL = f"{PREFIX}:final"
 # pub/sub: the id of a job a live event stream began to watch; workers then publish its step and

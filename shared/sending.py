@@ -4,8 +4,9 @@ and by a draining worker handing work back.
 At submit the API does not publish through kombu: `task_messages` builds the very messages
 kombu's Redis transport would push (Celery's task protocol 2, built by Celery's own
 `as_task_v2`), and the job store pushes them onto the queue in the same atomic step that stores
-the job (shared/jobstore.py `create`, shared/lua.py `CREATE_JOB`). That saves the broker round
-trip and the thread it needs, and a job can no longer be stored without its sub-requests.
+the job (shared/jobstore.py `create`, shared/redis_scripts/scripts/create_job.lua). That saves
+the broker round trip and the thread it needs, and a job can no longer be stored without its
+sub-requests.
 """
 
 import asyncio
