@@ -19,6 +19,12 @@ async def test_replicas_share_one_generated_secret(aredis):
     assert first != Settings.model_fields["webhook_secret"].default
 
 
+async def test_a_secret_kept_in_redis_is_the_installations(aredis):
+    await aredis.set(names.WEBHOOK_SECRET, "whsec_kept")
+    assert await installation_secret(aredis) == "whsec_kept"
+    assert await aredis.get(names.WEBHOOK_SECRET) == b"whsec_kept"
+
+
 async def test_an_outbox_without_a_configured_secret_signs_with_the_installations(
     aredis, store, settings
 ):

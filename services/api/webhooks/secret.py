@@ -22,8 +22,13 @@ def new_secret() -> str:
 
 
 async def installation_secret(redis: aioredis.Redis) -> str:
-    if await redis.set(names.WEBHOOK_SECRET, new_secret(), nx=True):
+    # One command (SET NX GET, Redis 7): the secret kept, or the new one when none was, with
+    # no moment between the two where the key may be gone.
+    made = new_secret()
+    kept = await redis.set(names.WEBHOOK_SECRET, made, nx=True, get=True)
+    if kept is None:
         log.warning("no FIBERMILL_WEBHOOK_SECRET set: webhooks are signed with a secret made "
                     "for this installation; read it with `redis-cli GET %s`",
                     names.WEBHOOK_SECRET)
-    return (await redis.get(names.WEBHOOK_SECRET)).decode()
+        return made
+    return kept.decode() if isinstance(kept, bytes) else str(kept)
