@@ -40,7 +40,9 @@ class Channel(kombu_redis.Channel):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.QoS = QoS
+        # kombu's attribute is inferred as its Redis QoS only, though kombu itself puts a plain
+        # virtual.QoS there when ack emulation is off, as it is here.
+        self.QoS = QoS  # type: ignore[assignment]
 
     @contextmanager
     def conn_or_acquire(self, client=None):

@@ -1,6 +1,6 @@
 """Per-task job inputs and outputs (the external contract), with checks against a model's limits."""
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,8 @@ MAX_TOP_K = 1000
 MAX_STOP_CHARS = 256
 MAX_GUIDANCE = 50.0
 
+_N = TypeVar("_N", int, float)
+
 
 def _spec(info: ValidationInfo) -> ModelSpec | None:
     """The model the input is for, when validated against one (`validate_input`): its limits
@@ -35,10 +37,10 @@ def _spec(info: ValidationInfo) -> ModelSpec | None:
     return (info.context or {}).get("spec")
 
 
-def _value_within(value: float | None, limit_name: str, info: ValidationInfo) -> float | None:
+def _value_within(value: _N, limit_name: str, info: ValidationInfo) -> _N:
     """`value` unless it is above the model's limit `limit_name`."""
     spec = _spec(info)
-    if spec is not None and value is not None:
+    if spec is not None:
         limit = getattr(spec.limits, limit_name)
         if value > limit:
             raise PydanticCustomError(
@@ -120,7 +122,7 @@ class TextGenerationInput(_Input):
     @field_validator("max_new_tokens")
     @classmethod
     def _max_new_tokens(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return _value_within(value, "max_new_tokens", info)
+        return None if value is None else _value_within(value, "max_new_tokens", info)
 
     @field_validator("stop")
     @classmethod
@@ -168,7 +170,7 @@ class ImageGenerationInput(_Input):
     @field_validator("steps")
     @classmethod
     def _steps(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return _value_within(value, "max_steps", info)
+        return None if value is None else _value_within(value, "max_steps", info)
 
     @field_validator("num_images_per_prompt")
     @classmethod

@@ -27,6 +27,10 @@ FINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CAN
 
 
 WebhookEvent = Literal["start", "progress", "completed"]
+
+
+def _completed_only() -> list[WebhookEvent]:
+    return ["completed"]
 MAX_PRIORITY = 9
 DEFAULT_PRIORITY = 5
 
@@ -39,7 +43,7 @@ class JobOptions(BaseModel):
         "An http(s) URL that receives the job's events as signed POSTs (Standard Webhooks: "
         "webhook-id, webhook-timestamp and webhook-signature headers)"))
     webhook_events_filter: list[WebhookEvent] = Field(
-        default_factory=lambda: ["completed"],
+        default_factory=_completed_only,
         description="Which events go to the webhook: start, progress, completed")
     priority: int = Field(DEFAULT_PRIORITY, ge=0, le=MAX_PRIORITY,
                           description="Queue priority, 0 (first) to 9 (last)")
@@ -122,7 +126,7 @@ class Job(BaseModel):
     deadline_seconds: float | None = Field(None, description="The deadline it was given")
     webhook: str | None = Field(None, description="Where its events are delivered")
     webhook_events_filter: list[WebhookEvent] = Field(
-        default_factory=lambda: ["completed"], description="Which events are delivered")
+        default_factory=_completed_only, description="Which events are delivered")
     webhook_deliveries: list[WebhookDelivery] = Field(
         default_factory=list, description="Every delivery attempt so far, oldest first")
 

@@ -122,7 +122,9 @@ async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(FibermillError, _domain_error)
-    app.add_exception_handler(RequestValidationError, _invalid_request)
+    # Starlette types every handler as taking any Exception, though it calls each only with
+    # the class it is registered for.
+    app.add_exception_handler(FibermillError, _domain_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(RedisConnectionError, _redis_down)
     app.add_exception_handler(RedisTimeoutError, _redis_down)

@@ -66,10 +66,8 @@ class Joiner:
                 if time.monotonic() - last_trim > TRIM_INTERVAL_SECONDS:
                     last_trim = time.monotonic()
                     await self.trim()
-                resp = await self._read(acks)
-                acks = []
-                for _stream, entries in resp or []:
-                    acks = await self._handle_batch(entries, ack=False)
+                entries = await self._read(acks)
+                acks = await self._handle_batch(entries, ack=False) if entries else []
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:
@@ -85,22 +83,21 @@ class Joiner:
     async def _read(self, acks: list) -> list:
         """New entries, with the acknowledgement of the last batch in the same round trip."""
         if not acks:
-            return await self.redis.xreadgroup(
+            return _entries(await self.redis.xreadgroup(
                 names.JOINER_GROUP, self.consumer, {names.COMPLETIONS_STREAM: ">"},
                 count=100, block=self.settings.joiner_block_ms,
-            )
+            ))
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xack(names.COMPLETIONS_STREAM, names.JOINER_GROUP, *acks)
             pipe.xreadgroup(names.JOINER_GROUP, self.consumer, {names.COMPLETIONS_STREAM: ">"},
                             count=100, block=self.settings.joiner_block_ms)
             _acked, resp = await pipe.execute()
-        return resp
+        return _entries(resp)
 
     async def _own_pending(self) -> list:
-        resp = await self.redis.xreadgroup(
+        return _entries(await self.redis.xreadgroup(
             names.JOINER_GROUP, self.consumer, {names.COMPLETIONS_STREAM: "0"}, count=1000
-        )
-        return [e for _s, entries in resp or [] for e in entries]
+        ))
 
     async def reclaim(self) -> int:
         """Take over entries another (dead) consumer read but never acknowledged."""
@@ -182,6 +179,16 @@ class Joiner:
             await self.lifecycle.finalized(entry.job)
         else:
             await self.lifecycle.settle(entry.job)
+
+
+def _entries(resp: object) -> list:
+    """An XREADGROUP reply's entries: its one stream's, none when it timed out (None). redis-py
+    types the reply as RESP3's map too, which these clients never get."""
+    if resp is None:
+        return []
+    if not isinstance(resp, list):
+        raise TypeError(f"expected XREADGROUP's array reply, got {resp!r}")
+    return [e for _stream, entries in resp for e in entries]
 
 
 def _stream_id(entry_id: bytes | str) -> tuple[int, int]:

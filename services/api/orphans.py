@@ -19,6 +19,7 @@ turns away.
 """
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -29,6 +30,20 @@ from shared.queue_depth import priority_lists
 from shared.sending import message_member
 
 MAX_CANDIDATES = 200
+
+
+def _scored(raw: Iterable[object]) -> list[tuple[str, float]]:
+    """A ZRANGEBYSCORE WITHSCORES reply as (member, score) pairs: redis-py types it as any of
+    its range replies."""
+    pairs = []
+    for pair in raw:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise TypeError(f"expected a (member, score) pair, got {pair!r}")
+        member, score = pair
+        if not isinstance(member, bytes) or not isinstance(score, float):
+            raise TypeError(f"expected a (member, score) pair, got {pair!r}")
+        pairs.append((member.decode(), score))
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -52,21 +67,22 @@ class OrphanFinder:
             return []
         raw = await self.redis.zrangebyscore(backlog, "-inf", f"({upper!r}", start=0,
                                              num=MAX_CANDIDATES, withscores=True)
-        if not raw:
+        pairs = _scored(raw)
+        if not pairs:
             return []
-        members = [m.decode() for m, _ in raw]
+        members = [m for m, _ in pairs]
         async with self.redis.pipeline(transaction=False) as pipe:
             for m in members:
                 pipe.zscore(names.LEASES, m)
                 pipe.hget(names.job_key(names.split_member(m)[0]), "meta")
             got = await pipe.execute()
         out = []
-        for (member, sent), lease, meta in zip(raw, got[::2], got[1::2], strict=True):
+        for (member, sent), lease, meta in zip(pairs, got[::2], got[1::2], strict=True):
             if lease is not None or meta is None:
                 continue  # leased (the lease sweep covers it), or the job is gone
             priority = JobMeta.model_validate_json(meta).priority
             if sent < oldest[priority]:
-                out.append(Orphan(model, member.decode(), sent))
+                out.append(Orphan(model, member, sent))
         return out
 
     async def _oldest_waiting(self, model: str) -> list[float]:
@@ -84,12 +100,13 @@ class OrphanFinder:
                           if known else [], strict=True))
         oldest = []
         for tail, member in zip(tails, tail_members, strict=True):
+            score = None if member is None else scores.get(member)
             if tail is None:
                 oldest.append(math.inf)
-            elif member is None or scores.get(member) is None:
+            elif score is None:
                 oldest.append(-math.inf)
             else:
-                oldest.append(scores[member])
+                oldest.append(score)
         return oldest
 
     async def _now(self) -> float:

@@ -40,7 +40,7 @@ async def output_response(job_id: str, job: JobRecord | None, index: int, owner:
     result = await store.result(job.id, index)
     if result is None or result.output is None:
         raise OutputNotFound(f"output {index} of job {job.id} is not ready")
-    if job.task == "text-generation":
+    if isinstance(result.output, GeneratedText):  # a text job's; an image job's has a blob
         return _text(result.output)
     if result.blob is None:
         raise OutputNotFound(f"output {index} of job {job.id} has no image")

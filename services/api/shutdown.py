@@ -28,7 +28,8 @@ def awaiting(task: asyncio.Task) -> str:
     """Where a task waits, down its whole chain of awaits (a task's own stack shows only its
     outermost coroutine)."""
     lines = []
-    coro = task.get_coro()
+    # Each link is a coroutine, an async generator or an awaitable: read by attribute.
+    coro: object = task.get_coro()
     while coro is not None:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
         if frame is not None:

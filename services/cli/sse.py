@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 def parse_events(lines: Iterable[str]) -> Iterator[tuple[str, dict]]:
     """`lines` without their line endings; `data` is JSON, as the API sends it."""
-    event, data = "message", []
+    event, data = "message", list[str]()
     for line in lines:
         if not line:
             if data:

@@ -9,11 +9,13 @@ be read; a crash in between leaves bytes that the sweeper deletes with their hou
 """
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from services.api.batches import listing
 from services.api.batches.errors import FileNotFound
@@ -73,10 +75,10 @@ class FileMeta:
         return file_blob_key(self.id, self.owner)
 
 
-def _meta(raw: dict[bytes, bytes]) -> FileMeta | None:
-    if not raw or b"id" not in raw:
+def _meta(raw: Mapping[bytes, bytes] | Mapping[bytes | str, bytes | str]) -> FileMeta | None:
+    h = listing.decoded(raw)
+    if "id" not in h:
         return None
-    h = {k.decode(): v.decode() for k, v in raw.items()}
     return FileMeta(id=h["id"], bytes=int(h["bytes"]), created_at=int(h["created_at"]),
                     filename=h["filename"], purpose=h["purpose"],
                     expires_at=int(h["expires_at"]), owner=h.get("owner") or None,
@@ -99,7 +101,8 @@ class FileStore:
         meta = FileMeta(file_id, len(content), made, filename, purpose, made + self.ttl,
                         owner, requests)
         await self.blobs.put(meta.key, content, CONTENT_TYPE)
-        fields = {k: ("" if v is None else v) for k, v in asdict(meta).items()}
+        fields: dict[FieldT, EncodableT] = {
+            k: ("" if v is None else v) for k, v in asdict(meta).items()}
         index = names.files_index_key(owner)
         # Index members older than the TTL are gone from Redis: trim them with each write.
         cutoff = f"({FILE_PREFIX}{new_job_id(now - self.ttl)[:12]}"

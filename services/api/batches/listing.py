@@ -2,7 +2,7 @@
 sort by time, are listed by lex range), each object in its own hash. An id whose hash expired is
 dropped from the set as the listing meets it."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import redis.asyncio as aioredis
@@ -22,14 +22,15 @@ async def page(redis: aioredis.Redis, index: str, key_of: Callable[[str], str],
     batch = max(limit + 1, READ_AHEAD)
     while len(found) <= limit:
         if desc:
-            ids = await redis.zrevrangebylex(index, bound, "-", start=0, num=batch)
+            got = await redis.zrevrangebylex(index, bound, "-", start=0, num=batch)
         else:
-            ids = await redis.zrangebylex(index, bound, "+", start=0, num=batch)
+            got = await redis.zrangebylex(index, bound, "+", start=0, num=batch)
+        ids = [text(i) for i in got]
         if not ids:
             break
         async with redis.pipeline(transaction=False) as pipe:
             for i in ids:
-                pipe.hgetall(key_of(i.decode()))
+                pipe.hgetall(key_of(i))
             raws = await pipe.execute()
         gone = []
         for i, raw in zip(ids, raws, strict=True):
@@ -40,7 +41,17 @@ async def page(redis: aioredis.Redis, index: str, key_of: Callable[[str], str],
                 found.append(item)
         if gone:
             await redis.zrem(index, *gone)
-        bound = f"({ids[-1].decode()}"
+        bound = f"({ids[-1]}"
         if len(ids) < batch:
             break
     return found[:limit], len(found) > limit
+
+
+def text(reply: bytes | str) -> str:
+    """A Redis string reply as text (redis-py types it either way; these clients get bytes)."""
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
+def decoded(raw: Mapping[bytes, bytes] | Mapping[bytes | str, bytes | str]) -> dict[str, str]:
+    """A hash as HGETALL gives it, as text; empty when the hash is gone."""
+    return {text(k): text(v) for k, v in raw.items()}

@@ -28,7 +28,7 @@ class Chunks:
     def __init__(self, req: TextRequest, rec: JobRecord) -> None:
         self.req = req
         self.chat = isinstance(req, ChatCompletionRequest)
-        self.head = {"id": answer_id(req, rec.id),
+        self.head: dict[str, Any] = {"id": answer_id(req, rec.id),
                      "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": int(rec.created_at), "model": rec.model}
         if self.chat:
