@@ -8,10 +8,11 @@ import time
 from services.worker import metrics
 from services.worker.drain import Drainer
 from services.worker.engine.engine import Arrival, Engine
+from services.worker.engine.results import ImageResult, TextResult
+from services.worker.engine.scheduling import Ticket
+from services.worker.engine.stopped import PipelineStopped
 from services.worker.flights import Flights, InFlight
 from services.worker.outputs import OutputWriter
-from services.worker.pipelines.base import ImageResult, TextResult
-from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.progress import ProgressPublisher
 from shared.errors import BlobStoreUnavailable, ModelError
 from shared.failures import dead_lettered, time_limit_exceeded
@@ -116,9 +117,9 @@ class Handler:
         t0 = time.perf_counter()
         on_text = self.progress.text_hook(flight)
         try:
-            made = await arrival.submit(sub.item, self.progress.hook(flight), tag=sub.member,
-                                        isolate=sub.isolated, on_text=on_text,
-                                        charged=flight.charged)
+            made = await arrival.submit(sub.item, Ticket(
+                should_stop=self.progress.hook(flight), tag=sub.member, isolate=sub.isolated,
+                on_text=on_text, charged=flight.charged))
             # Its output events go out before the result that may make the job final; the
             # final one goes out with the result, in the same script.
             await on_text.flushed()

@@ -17,9 +17,9 @@ import asyncio
 import time
 
 from services.worker.engine.batch import ShouldStop
+from services.worker.engine.text_stream import TextUpdate
 from services.worker.flights import InFlight
 from services.worker.outbox import EventOutbox
-from services.worker.pipelines.text_stream import TextUpdate
 from shared import names
 from shared.messages import ImageItem, OutputData, OutputEvent, StepData, StepEvent, TextItem
 

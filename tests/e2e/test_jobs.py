@@ -141,6 +141,7 @@ def test_models_lists_live_workers(stack):
 
 
 def test_image_job_split_over_both_workers_equals_one_batch_on_one_worker(stack, model_dir):
+    from services.worker.engine.engine import Engine
     from services.worker.pipelines.image import StableDiffusionImagePipeline
     from shared.inputs import ImageGenerationInput
     from shared.registry import load_registry
@@ -160,7 +161,7 @@ def test_image_job_split_over_both_workers_equals_one_batch_on_one_worker(stack,
     pipeline.setup()
     # The same items as one batch of four in this process: what a single worker would make.
     items = split_items(spec, ImageGenerationInput.model_validate(raw), seed=21)
-    for i, one_worker in enumerate(pipeline.run(items)):
+    for i, one_worker in enumerate(Engine(pipeline).run(items)):
         split = np.asarray(Image.open(io.BytesIO(_png(stack, job["id"], i)))).astype(int)
         alone = np.asarray(Image.open(io.BytesIO(one_worker.png))).astype(int)
         assert np.abs(split - alone).max() <= 1, i

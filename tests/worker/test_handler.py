@@ -139,7 +139,7 @@ def test_an_engine_with_room_charges_the_attempt_with_the_lease(runtime, job):
 
 def test_a_full_engine_charges_the_attempt_when_it_starts(runtime, job):
     job()
-    decoder = runtime.engines["tiny-gpt2"].decoder
+    decoder = runtime.engines["tiny-gpt2"].scheduling
 
     async def announce(n: int) -> None:  # arrivals ahead of it, that take every slot
         decoder.expected += n

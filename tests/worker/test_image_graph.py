@@ -10,8 +10,9 @@ from prometheus_client import REGISTRY
 
 from services.worker import metrics
 from services.worker.engine import sync
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine.stopped import PipelineStopped
 from shared.messages import ImageItem
+from tests.worker.engines import engine_for
 
 PHASES = ["prepare", "encode", "denoise", "decode", "to_host", "png", "collect"]
 
@@ -86,7 +87,7 @@ def test_one_device_sync_per_batch(case, n):
     pipeline, make = case
     name = pipeline.spec.name
     before, before_all = sync.count(name, "output"), sync.count(name)
-    results = pipeline.run([make(seed=s) for s in range(n)])
+    results = engine_for(pipeline).run([make(seed=s) for s in range(n)])
     assert len(results) == n
     assert sync.count(name, "output") - before == 1
     assert sync.count(name) - before_all == 1
@@ -104,7 +105,7 @@ def test_pool_covers_capacities_up_to_max_batch_at_the_default_size(case):
 def test_batch_within_pool_capacity_leases_no_adhoc_set(case):
     pipeline, make = case
     adhoc, pooled = leases(pipeline, "adhoc"), leases(pipeline, "pooled")
-    pipeline.run([make(seed=s) for s in range(3)])
+    engine_for(pipeline).run([make(seed=s) for s in range(3)])
     assert leases(pipeline, "adhoc") == adhoc
     assert leases(pipeline, "pooled") == pooled + 1
     assert_all_free(pipeline)
@@ -113,13 +114,13 @@ def test_batch_within_pool_capacity_leases_no_adhoc_set(case):
 def test_batch_outside_the_pool_leases_adhoc_and_lets_it_go(digits_pipeline, sd_pipeline):
     adhoc = leases(digits_pipeline, "adhoc")
     largest = max(key[0] for key in digits_pipeline.pool.buckets())
-    results = digits_pipeline.run([digit(seed=s, steps=2) for s in range(largest + 1)])
+    results = engine_for(digits_pipeline).run([digit(seed=s, steps=2) for s in range(largest + 1)])
     assert len(results) == largest + 1
     assert leases(digits_pipeline, "adhoc") == adhoc + 1
     assert_all_free(digits_pipeline)
 
     adhoc = leases(sd_pipeline, "adhoc")
-    [result] = sd_pipeline.run([picture(width=96, height=64)])
+    [result] = engine_for(sd_pipeline).run([picture(width=96, height=64)])
     assert pixels(result.png).shape == (64, 96, 3)
     assert leases(sd_pipeline, "adhoc") == adhoc + 1
     assert_all_free(sd_pipeline)
@@ -127,10 +128,10 @@ def test_batch_outside_the_pool_leases_adhoc_and_lets_it_go(digits_pipeline, sd_
 
 def test_sets_are_free_after_an_operator_fails(digits_pipeline):
     with pytest.raises(ValueError, match="out of range"):
-        digits_pipeline.run([digit(label=1), digit(label=10)])
+        engine_for(digits_pipeline).run([digit(label=1), digit(label=10)])
     assert_all_free(digits_pipeline)
     # And the pipeline runs on afterwards.
-    assert len(digits_pipeline.run([digit(label=1)])) == 1
+    assert len(engine_for(digits_pipeline).run([digit(label=1)])) == 1
     assert_all_free(digits_pipeline)
 
 
@@ -143,23 +144,23 @@ def test_sets_are_free_after_a_stop(case):
         return len(calls) >= 2
 
     with pytest.raises(PipelineStopped):
-        pipeline.run([make(seed=1), make(seed=2)], should_stop)
+        engine_for(pipeline).run([make(seed=1), make(seed=2)], should_stop)
     assert len(calls) == 2
     assert_all_free(pipeline)
 
 
 def test_sets_are_free_after_runs(case):
     pipeline, make = case
-    pipeline.run([make(seed=1)])
-    pipeline.run([make(seed=s) for s in range(5)])
+    engine_for(pipeline).run([make(seed=1)])
+    engine_for(pipeline).run([make(seed=s) for s in range(5)])
     assert_all_free(pipeline)
 
 
 def test_batch_of_eight_matches_each_alone(digits_pipeline):
     items = [digit(label=i, seed=300 + i) for i in range(8)]
-    alone = [pixels(digits_pipeline.run([i])[0].png) for i in items]
+    alone = [pixels(engine_for(digits_pipeline).run([i])[0].png) for i in items]
     adhoc = leases(digits_pipeline, "adhoc")
-    batched = digits_pipeline.run(items)
+    batched = engine_for(digits_pipeline).run(items)
     assert leases(digits_pipeline, "adhoc") == adhoc
     assert [r.seed for r in batched] == [i.seed for i in items]
     for one, many in zip(alone, batched, strict=True):
@@ -168,8 +169,8 @@ def test_batch_of_eight_matches_each_alone(digits_pipeline):
 
 def test_sd_batch_of_eight_matches_each_alone(sd_pipeline):
     items = [picture(seed=400 + i, negative="blurry" if i % 2 else "") for i in range(8)]
-    alone = [pixels(sd_pipeline.run([i])[0].png) for i in items]
-    batched = sd_pipeline.run(items)
+    alone = [pixels(engine_for(sd_pipeline).run([i])[0].png) for i in items]
+    batched = engine_for(sd_pipeline).run(items)
     for one, many in zip(alone, batched, strict=True):
         assert np.abs(pixels(many.png) - one).max() <= 1
 
@@ -177,7 +178,7 @@ def test_sd_batch_of_eight_matches_each_alone(sd_pipeline):
 def test_every_phase_is_timed(case):
     pipeline, make = case
     before = {phase: phase_count(pipeline, phase) for phase in PHASES}
-    pipeline.run([make(seed=s) for s in range(3)])
+    engine_for(pipeline).run([make(seed=s) for s in range(3)])
     after = {phase: phase_count(pipeline, phase) for phase in PHASES}
     per_item = {"png": 3}
     assert {p: after[p] - before[p] for p in PHASES} == {p: per_item.get(p, 1) for p in PHASES}

@@ -17,6 +17,7 @@ from services.worker.modelbuild.tiny_diffusion import build_tiny_sd
 from services.worker.pipelines.image import StableDiffusionImagePipeline
 from shared.messages import ImageItem
 from shared.registry import ModelSpec
+from tests.worker.engines import engine_for
 from tests.worker.test_image_pipelines import item
 
 SCALES = [7.5, 5.0, 3.0]  # all guided, on every model here
@@ -78,12 +79,13 @@ def graph_runs(pipeline) -> float:
 
 
 def assert_one_batch_matches_each_alone(pipeline, items):
-    alone = [pixels(pipeline.run([i])[0].png) for i in items]
+    alone = [pixels(engine_for(pipeline).run([i])[0].png) for i in items]
     # The scale matters (same seed and prompt, different images), so a batch that ran every
     # item at one scale could not match.
     assert all(np.abs(a - alone[0]).max() > 1 for a in alone[1:])
     runs = graph_runs(pipeline)
-    batched = pipeline.run(items)  # raised ValueError while the scale was in the batch key
+    # Raised ValueError while the scale was in the batch key.
+    batched = engine_for(pipeline).run(items)
     assert graph_runs(pipeline) - runs == 1
     assert [r.seed for r in batched] == [i.seed for i in items]
     for one, many in zip(alone, batched, strict=True):
@@ -104,8 +106,8 @@ def test_mixed_scales_with_other_fields_match_alone(sd_pipeline):
         picture(5.0, seed=3, negative="dark, low quality"),
         picture(7.5, seed=4, prompt="seven green dogs"),
     ]
-    alone = [pixels(sd_pipeline.run([i])[0].png) for i in items]
-    for one, many in zip(alone, sd_pipeline.run(items), strict=True):
+    alone = [pixels(engine_for(sd_pipeline).run([i])[0].png) for i in items]
+    for one, many in zip(alone, engine_for(sd_pipeline).run(items), strict=True):
         assert np.abs(pixels(many.png) - one).max() <= 1
 
 
@@ -125,7 +127,7 @@ def test_guided_and_unguided_keys_differ_for_sd(request, name):
     assert len(unguided) == 1
     assert guided != unguided
     with pytest.raises(ValueError, match="share"):
-        pipeline.run([picture(7.5), picture(1.0)])
+        engine_for(pipeline).run([picture(7.5), picture(1.0)])
 
 
 def test_guided_and_unguided_keys_differ_for_digits(digits_pipeline):
@@ -133,7 +135,7 @@ def test_guided_and_unguided_keys_differ_for_digits(digits_pipeline):
     keys = {g: digits_pipeline.batch_key(digit(g)) for g in [2.0, 0.5, 1.0]}
     assert keys[2.0] == keys[0.5] != keys[1.0]
     with pytest.raises(ValueError, match="share"):
-        digits_pipeline.run([digit(2.0), digit(1.0)])
+        engine_for(digits_pipeline).run([digit(2.0), digit(1.0)])
 
 
 def test_prompts_seeds_and_labels_do_not_split_batches(sd_pipeline, digits_pipeline):
@@ -149,9 +151,9 @@ def test_prompts_seeds_and_labels_do_not_split_batches(sd_pipeline, digits_pipel
 
 def test_engine_batches_items_of_different_scales_together(sd_pipeline):
     engine = Engine(sd_pipeline)
-    engine.batcher.max_wait_s = 60.0  # the three are announced: nothing leaves before all are in
+    engine.scheduling.max_wait_s = 60.0  # the three are announced: none leaves before all are in
     items = [picture(g, seed=20 + k) for k, g in enumerate(SCALES)]
-    alone = [pixels(sd_pipeline.run([i])[0].png) for i in items]
+    alone = [pixels(engine.run([i])[0].png) for i in items]
     sizes = metrics.BATCH_SIZE.labels(sd_pipeline.spec.name)
     count, total = sum(b.get() for b in sizes._buckets), sizes._sum.get()
 

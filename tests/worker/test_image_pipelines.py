@@ -7,8 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine.stopped import PipelineStopped
 from shared.messages import ImageItem
+from tests.worker.engines import engine_for
 
 KINDS = ["sd_pipeline", "sdxl_pipeline"]
 
@@ -36,7 +37,7 @@ def pixels(png: bytes) -> np.ndarray:
 
 @pytest.mark.parametrize(("width", "height"), [(64, 64), (96, 64), (32, 128)])
 def test_png_has_requested_size(pipeline, width, height):
-    [result] = pipeline.run([item(width=width, height=height, seed=3)])
+    [result] = engine_for(pipeline).run([item(width=width, height=height, seed=3)])
     image = Image.open(io.BytesIO(result.png))
     assert image.format == "PNG"
     assert image.mode == "RGB"
@@ -50,8 +51,8 @@ def test_batched_matches_alone(pipeline):
         item("a blue sphere on grass", seed=2, negative="blurry"),
         item("a red cube", seed=3, negative="dark, low quality"),
     ]
-    alone = [pixels(pipeline.run([i])[0].png) for i in items]
-    batched = pipeline.run(items)
+    alone = [pixels(engine_for(pipeline).run([i])[0].png) for i in items]
+    batched = engine_for(pipeline).run(items)
     assert [r.seed for r in batched] == [1, 2, 3]
     for one, many in zip(alone, batched, strict=True):
         assert np.abs(pixels(many.png) - one).max() <= 1
@@ -59,7 +60,7 @@ def test_batched_matches_alone(pipeline):
 
 @pytest.mark.parametrize("negative", ["", "blurry"])
 def test_matches_the_diffusers_pipeline_itself(pipeline, negative):
-    [ours] = pipeline.run([item("a red cube", seed=4, negative=negative)])
+    [ours] = engine_for(pipeline).run([item("a red cube", seed=4, negative=negative)])
     # diffusers' own call, as documented: no negative prompt means None, not "".
     reference = pipeline.pipe(
         "a red cube",
@@ -74,24 +75,24 @@ def test_matches_the_diffusers_pipeline_itself(pipeline, negative):
 
 
 def test_same_seed_repeats_exactly(pipeline):
-    first = pipeline.run([item(seed=11)])[0].png
-    assert pipeline.run([item(seed=11)])[0].png == first
+    first = engine_for(pipeline).run([item(seed=11)])[0].png
+    assert engine_for(pipeline).run([item(seed=11)])[0].png == first
 
 
 def test_different_seeds_differ(pipeline):
-    a, b = pipeline.run([item(seed=1), item(seed=2)])
+    a, b = engine_for(pipeline).run([item(seed=1), item(seed=2)])
     assert np.abs(pixels(a.png) - pixels(b.png)).max() > 10
 
 
 def test_prompts_condition_the_image(pipeline):
-    a, b = pipeline.run([item("a red cube", seed=5), item("seven green dogs", seed=5)])
+    a, b = engine_for(pipeline).run([item("a red cube", seed=5), item("seven green dogs", seed=5)])
     assert a.png != b.png
 
 
 def test_unguided_batch_matches_alone(pipeline):
     items = [item("a red cube", seed=1, guidance=1.0), item("a cat", seed=2, guidance=1.0)]
-    alone = [pixels(pipeline.run([i])[0].png) for i in items]
-    for one, many in zip(alone, pipeline.run(items), strict=True):
+    alone = [pixels(engine_for(pipeline).run([i])[0].png) for i in items]
+    for one, many in zip(alone, engine_for(pipeline).run(items), strict=True):
         assert np.abs(pixels(many.png) - one).max() <= 1
 
 
@@ -103,22 +104,22 @@ def test_should_stop_ends_the_run_early(pipeline):
         return len(calls) >= 3
 
     with pytest.raises(PipelineStopped):
-        pipeline.run([item(steps=10)], should_stop)
+        engine_for(pipeline).run([item(steps=10)], should_stop)
     assert len(calls) == 3
 
 
 def test_should_stop_false_runs_to_the_end(pipeline):
     calls = []
-    result = pipeline.run([item(steps=4)], lambda: calls.append(1) or False)
+    result = engine_for(pipeline).run([item(steps=4)], lambda: calls.append(1) or False)
     assert len(result) == 1
     assert len(calls) >= 4
 
 
 def test_items_with_different_settings_are_refused(pipeline):
     with pytest.raises(ValueError, match="share"):
-        pipeline.run([item(steps=4), item(steps=5)])
+        engine_for(pipeline).run([item(steps=4), item(steps=5)])
 
 
 def test_size_not_a_multiple_of_the_vae_scale_is_refused(pipeline):
     with pytest.raises(ValueError, match="multiples of 8"):
-        pipeline.run([item(width=60)])
+        engine_for(pipeline).run([item(width=60)])

@@ -13,15 +13,16 @@ import pytest
 import torch
 
 from services.worker import progress
-from services.worker.engine.engine import Engine
+from services.worker.engine.scheduling import Ticket
+from services.worker.engine.text_stream import TextUpdate
 from services.worker.flights import InFlight
 from services.worker.outbox import EventOutbox
 from services.worker.pipelines.text import CausalLMTextPipeline
-from services.worker.pipelines.text_stream import TextUpdate
 from services.worker.progress import ProgressPublisher, TextPublisher
 from shared import names
 from shared.messages import FinishReason, OutputData, OutputEvent, StopReason, SubRequest, TextItem
 from shared.registry import ModelKind, ModelSpec
+from tests.worker.engines import engine_for
 
 FINAL = FinishReason.LENGTH
 
@@ -193,11 +194,11 @@ async def test_decoded_rows_publish_texts_that_add_up(aredis, pipeline: CausalLM
         reads += 1
         hooks[0](update)
 
-    engine = Engine(pipeline)
+    engine = engine_for(pipeline)
     async with Channel(aredis) as channel:
         results = await asyncio.gather(
-            engine.submit(flights[0].sub.item, on_text=counting),
-            engine.submit(flights[1].sub.item, on_text=hooks[1]))
+            engine.submit(flights[0].sub.item, Ticket(on_text=counting)),
+            engine.submit(flights[1].sub.item, Ticket(on_text=hooks[1])))
         for hook in hooks:
             await hook.flushed()
         got = await channel.heard(0.3)

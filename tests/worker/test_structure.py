@@ -96,3 +96,34 @@ def test_only_exits_ends_the_process():
         if "_exit(" in p.read_text() and p.name != "exits.py"
     ]
     assert callers == []
+
+
+# What of the engine drives a model: pipelines offer model code (engine/model_code.py) and
+# never see how it is scheduled.
+SCHEDULING = {"batcher", "decoder", "engine", "factory", "graph_runner", "run_stops", "scheduler",
+              "scheduling", "settle", "start"}
+
+
+def _all_imports() -> dict[str, set[str]]:
+    """Every module's imports inside the worker package, type-only ones included."""
+    edges: dict[str, set[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        targets = edges.setdefault(_module(p), set())
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
+            elif isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+    return edges
+
+
+def test_pipelines_import_nothing_of_the_engines_scheduling():
+    forbidden = {f"services.worker.engine.{m}" for m in SCHEDULING}
+    assert {(m, t) for m, targets in _all_imports().items()
+            if m.startswith("services.worker.pipelines") for t in targets & forbidden} == set()
+
+
+def test_the_engine_imports_nothing_of_the_pipelines():
+    assert {(m, t) for m, targets in _all_imports().items()
+            if m.startswith("services.worker.engine") for t in targets
+            if t.startswith("services.worker.pipelines")} == set()

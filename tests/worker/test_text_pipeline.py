@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from services.worker.engine.batch import Batch
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
+from tests.worker.engines import engine_for
 from tests.worker.text_reference import alone, greedy_ids
 
 # Different lengths, so a batch of them is left-padded.
@@ -36,7 +37,7 @@ def test_prompts_need_padding(pipeline: CausalLMTextPipeline) -> None:
 
 def test_greedy_matches_uncached_reference(pipeline: CausalLMTextPipeline) -> None:
     for prompt in PROMPTS:
-        (result,) = pipeline.run([TextItem(prompt=prompt, max_new_tokens=12)])
+        (result,) = engine_for(pipeline).run([TextItem(prompt=prompt, max_new_tokens=12)])
         expected = greedy_ids(pipeline, prompt, 12)
         assert pipeline.eos_ids.isdisjoint(expected)  # else the comparison below is not 12 long
         assert result.text == pipeline.decode(expected)
@@ -46,7 +47,7 @@ def test_greedy_matches_uncached_reference(pipeline: CausalLMTextPipeline) -> No
 def test_greedy_batched_matches_alone(pipeline: CausalLMTextPipeline) -> None:
     budgets = [16, 5, 11]
     items = [TextItem(prompt=p, max_new_tokens=n) for p, n in zip(PROMPTS, budgets, strict=True)]
-    batched = pipeline.run(items)
+    batched = engine_for(pipeline).run(items)
     assert batched == alone(pipeline, items)
     assert [r.tokens for r in batched] == budgets
 
@@ -60,25 +61,25 @@ def test_sampled_is_reproducible_and_batched_matches_alone(
         TextItem(prompt=PROMPTS[2], max_new_tokens=12, temperature=1.3, top_p=0.8, seed=3),
         TextItem(prompt=PROMPTS[0], max_new_tokens=6),  # greedy rides along
     ]
-    batched = pipeline.run(items)
-    assert pipeline.run(items) == batched
+    batched = engine_for(pipeline).run(items)
+    assert engine_for(pipeline).run(items) == batched
     assert batched == alone(pipeline, items)
     # The same item in a different batch position and company still gives the same tokens.
-    assert pipeline.run(items[::-1]) == batched[::-1]
+    assert engine_for(pipeline).run(items[::-1]) == batched[::-1]
 
 
 def test_different_seeds_give_different_text(pipeline: CausalLMTextPipeline) -> None:
     items = [
         TextItem(prompt=PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=s) for s in range(4)
     ]
-    texts = [r.text for r in pipeline.run(items)]
+    texts = [r.text for r in engine_for(pipeline).run(items)]
     assert len(set(texts)) == len(texts)
 
 
 def test_top_k_one_is_greedy(pipeline: CausalLMTextPipeline) -> None:
     sampled = TextItem(prompt=PROMPTS[1], max_new_tokens=10, temperature=1.0, top_k=1, seed=5)
     greedy = TextItem(prompt=PROMPTS[1], max_new_tokens=10)
-    assert pipeline.run([sampled]) == pipeline.run([greedy])
+    assert engine_for(pipeline).run([sampled]) == engine_for(pipeline).run([greedy])
 
 
 def test_max_new_tokens_gives_length(pipeline: CausalLMTextPipeline) -> None:
@@ -86,33 +87,34 @@ def test_max_new_tokens_gives_length(pipeline: CausalLMTextPipeline) -> None:
         TextItem(prompt=PROMPTS[2], max_new_tokens=1),
         TextItem(prompt=PROMPTS[2], max_new_tokens=7, temperature=1.0, seed=9),
     ]
-    results = pipeline.run(items)
+    results = engine_for(pipeline).run(items)
     assert [(r.finish_reason, r.tokens) for r in results] == [("length", 1), ("length", 7)]
     assert results[0].text == pipeline.decode(greedy_ids(pipeline, PROMPTS[2], 1))
 
 
 def test_stop_string_cuts_text(pipeline: CausalLMTextPipeline) -> None:
     item = TextItem(prompt=PROMPTS[2], max_new_tokens=20)
-    (full,) = pipeline.run([item])
+    (full,) = engine_for(pipeline).run([item])
     stop = full.text[6:9]
-    (stopped,) = pipeline.run([item.model_copy(update={"stop": ["never appears", stop]})])
+    run = engine_for(pipeline).run
+    (stopped,) = run([item.model_copy(update={"stop": ["never appears", stop]})])
     assert stopped.finish_reason == "stop"
     assert stopped.text == full.text[: full.text.index(stop)]
     # The count includes the token that completed the stop string, and no more.
-    (upto,) = pipeline.run([item.model_copy(update={"max_new_tokens": stopped.tokens})])
-    (before,) = pipeline.run([item.model_copy(update={"max_new_tokens": stopped.tokens - 1})])
+    (upto,) = run([item.model_copy(update={"max_new_tokens": stopped.tokens})])
+    (before,) = run([item.model_copy(update={"max_new_tokens": stopped.tokens - 1})])
     assert stop in upto.text
     assert stop not in before.text
 
 
 def test_stop_items_batched_match_alone(pipeline: CausalLMTextPipeline) -> None:
-    (full,) = pipeline.run([TextItem(prompt=PROMPTS[1], max_new_tokens=20)])
+    (full,) = engine_for(pipeline).run([TextItem(prompt=PROMPTS[1], max_new_tokens=20)])
     items = [
         TextItem(prompt=PROMPTS[0], max_new_tokens=15, temperature=1.0, seed=4, stop=["e"]),
         TextItem(prompt=PROMPTS[1], max_new_tokens=20, stop=[full.text[4:6]]),
         TextItem(prompt=PROMPTS[2], max_new_tokens=8),
     ]
-    batched = pipeline.run(items)
+    batched = engine_for(pipeline).run(items)
     assert batched == alone(pipeline, items)
     assert batched[1].finish_reason == "stop"
     assert batched[2].finish_reason == "length"
@@ -124,7 +126,7 @@ def test_eos_finishes_with_stop(
     expected = greedy_ids(pipeline, PROMPTS[0], 4)
     # The random model never picks its real EOS here, so make its fourth greedy token the EOS.
     monkeypatch.setattr(pipeline, "eos_ids", frozenset({expected[3]}))
-    (result,) = pipeline.run([TextItem(prompt=PROMPTS[0], max_new_tokens=10)])
+    (result,) = engine_for(pipeline).run([TextItem(prompt=PROMPTS[0], max_new_tokens=10)])
     assert result.finish_reason == "stop"
     assert result.tokens == expected.index(expected[3]) + 1
     assert result.text == pipeline.decode(expected[: result.tokens - 1])
@@ -140,10 +142,11 @@ def test_should_stop_raises_between_steps(pipeline: CausalLMTextPipeline) -> Non
 
     items = [TextItem(prompt=p, max_new_tokens=10) for p in PROMPTS]
     with pytest.raises(PipelineStopped):
-        pipeline.run(items, should_stop=should_stop)
+        engine_for(pipeline).run(items, should_stop=should_stop)
     assert calls == 3
     # A caller that never asks to stop gets the whole result.
-    assert pipeline.run(items, should_stop=lambda: False) == pipeline.run(items)
+    run = engine_for(pipeline).run
+    assert run(items, should_stop=lambda: False) == run(items)
 
 
 def test_results_count_the_prompt_tokens_the_model_read(pipeline: CausalLMTextPipeline) -> None:
@@ -151,7 +154,7 @@ def test_results_count_the_prompt_tokens_the_model_read(pipeline: CausalLMTextPi
     items = [TextItem(prompt=p, max_new_tokens=6) for p in PROMPTS]
     items += [TextItem(prompt=long_prompt, max_new_tokens=3),
               TextItem(prompt=PROMPTS[0], max_new_tokens=15, stop=["e", "a", "o"])]
-    results = pipeline.run(items)
+    results = engine_for(pipeline).run(items)
     expected = [len(pipeline.tokenizer(p)["input_ids"]) for p in PROMPTS]
     assert [r.prompt_tokens for r in results] == [*expected, pipeline.cache_len - 1, expected[0]]
     assert results[-1].finish_reason == "stop"
@@ -164,5 +167,5 @@ def test_results_count_the_prompt_tokens_the_model_read(pipeline: CausalLMTextPi
         return calls >= 3
 
     batch = Batch(items[:2], [None, stop_soon])
-    _, stopped = asyncio.run(pipeline.run_async(batch))
+    _, stopped = asyncio.run(engine_for(pipeline).run_async(batch))
     assert (stopped.finish_reason, stopped.prompt_tokens) == ("canceled", expected[1])

@@ -4,6 +4,7 @@ import torch
 
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
+from tests.worker.engines import engine_for
 
 
 def greedy_ids(pipe: CausalLMTextPipeline, prompt: str, n: int) -> list[int]:
@@ -20,4 +21,4 @@ def greedy_ids(pipe: CausalLMTextPipeline, prompt: str, n: int) -> list[int]:
 
 def alone(pipe: CausalLMTextPipeline, items: list[TextItem]) -> list:
     """Each item run as a batch of one."""
-    return [pipe.run([item])[0] for item in items]
+    return [engine_for(pipe).run([item])[0] for item in items]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine.stopped import PipelineStopped
 
 # Called between denoise / decode steps; True asks for the item to stop.
 ShouldStop = Callable[[], bool]

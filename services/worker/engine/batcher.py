@@ -1,4 +1,5 @@
-"""The dynamic batcher: groups compatible sub-requests into batches for one model (images).
+"""The dynamic batcher: groups compatible sub-requests into batches for one model (images); a
+`Scheduling` (scheduling.py).
 
 Items with the same batch key (same shapes: size, steps and whether guided) are batched up to
 `max_batch`. A full group is dispatched at once, whatever key the oldest item has, up to
@@ -30,7 +31,10 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine.batch import Batch
+from services.worker.engine.results import Result
+from services.worker.engine.scheduling import PLAIN, Ticket
+from services.worker.engine.stopped import PipelineStopped
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,10 @@ class Pending:
         return self.future.done() or (self.withdrawn is not None and self.withdrawn())
 
 
+def _one_key(item: Any) -> Hashable:
+    return None
+
+
 class Batcher:
     def __init__(
         self,
@@ -60,8 +68,14 @@ class Batcher:
         max_wait_s: float,
         max_running: int = 2,
         linger_s: float = 0.0,
+        key: Callable[[Any], Hashable] = _one_key,
+        together: Callable[[Batch], Awaitable[list[Result]]] | None = None,
     ) -> None:
+        """`run` runs a group and settles its futures; `key` says which items may share a
+        batch; `together` runs a whole batch at once, outside the queue (`run_together`)."""
         self._run_batch = run
+        self._key = key
+        self._together = together
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_running = max_running
@@ -73,16 +87,26 @@ class Batcher:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    def submit(self, item: Any, key: Hashable, should_stop=None,
-               withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-               isolate: bool = False, charged: bool = False) -> asyncio.Future:
+    def submit(self, item: Any, ticket: Ticket = PLAIN) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        if isolate:
+        key = self._key(item)
+        if ticket.isolate:
             key = ("isolated", object())  # a group of its own
-        self.pending.append(Pending(item, key, should_stop, future, withdrawn=withdrawn,
-                                    tag=tag, isolate=isolate, charged=charged))
+        self.pending.append(Pending(item, key, ticket.should_stop, future,
+                                    withdrawn=ticket.withdrawn, tag=ticket.tag,
+                                    isolate=ticket.isolate, charged=ticket.charged))
         self.pump()
         return future
+
+    def starts_soon(self) -> bool:
+        """Never: batches gather for a while and run whole, so no item is sure to start at the
+        next iteration."""
+        return False
+
+    async def run_together(self, batch: Batch) -> list[Result]:
+        if self._together is None:
+            raise NotImplementedError("this batcher runs queued groups only")
+        return await self._together(batch)
 
     def _withdraw(self) -> None:
         for p in [p for p in self.pending if p.gone]:

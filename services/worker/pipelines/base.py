@@ -1,50 +1,26 @@
-"""What every pipeline offers the worker: load once on a device, then run items.
+"""What every pipeline offers the worker: load once on a device, then hand the engine its model
+code (engine/model_code.py), which the engine schedules.
 
 A pipeline owns the read-only state (weights, configs), its preallocated device buffers and the
-single device thread its model runs on. Image pipelines run each batch as an operator graph
-(`GraphPipeline`); text runs with continuous batching (pipelines/text_decoder.py).
+single device thread its model runs on. Image pipelines offer an operator graph
+(`GraphPipeline`), run batch by batch; text offers a KV-cached forward that the engine's
+continuous decoder drives (engine/decoder.py).
 """
 
-import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from services.worker import metrics
-from services.worker.engine.batch import Batch, ShouldStop
 from services.worker.engine.buffers import BucketKey, BufferPool
 from services.worker.engine.graph import Graph
-from services.worker.engine.scheduler import Scheduler, cpu_executor
-from shared.messages import FinishReason, ImageItem, TextItem
+from services.worker.engine.model_code import GraphCode, ModelCode
 from shared.registry import ModelSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-__all__ = ["DTYPES", "GraphPipeline", "ImageResult", "Pipeline", "ShouldStop", "TextResult"]
-
-
-@dataclass
-class TextResult:
-    text: str
-    finish_reason: FinishReason
-    tokens: int  # number of generated tokens
-    prompt_tokens: int | None = None  # prompt ids the model read (after truncation)
-
-
-@dataclass
-class ImageResult:
-    png: bytes
-    width: int
-    height: int
-    seed: int
-
-
-def observe_phase(model: str, phase: str, seconds: float) -> None:
-    metrics.PHASE_SECONDS.labels(model, phase).observe(seconds)
 
 
 class Pipeline(ABC):
@@ -78,20 +54,11 @@ class Pipeline(ABC):
         """Allocate the device buffers the model runs with, once."""
 
     @abstractmethod
-    async def run_async(self, batch: Batch) -> list[TextResult | ImageResult]:
-        """Run a batch's items; result i belongs to item i. Each item's randomness comes from
-        its own seed only, so its result is the same alone or batched."""
+    def model_code(self) -> ModelCode:
+        """What the engine schedules, and so how: batched graphs or continuous steps."""
 
     def observe(self, phase: str, seconds: float) -> None:
-        observe_phase(self.spec.name, phase, seconds)
-
-    def run(
-        self, items: Sequence[TextItem | ImageItem], should_stop: ShouldStop | None = None
-    ) -> list[TextResult | ImageResult]:
-        """Run a batch from synchronous code (tests, benchmarks); `should_stop` stops it all."""
-        if not items:
-            return []
-        return asyncio.run(self.run_async(Batch(items, stop_all=should_stop)))
+        metrics.PHASE_SECONDS.labels(self.spec.name, phase).observe(seconds)
 
 
 class GraphPipeline(Pipeline):
@@ -100,11 +67,8 @@ class GraphPipeline(Pipeline):
     graph: Graph
     pool: BufferPool
 
-    def __init__(self, spec: ModelSpec, device: torch.device) -> None:
-        super().__init__(spec, device)
-        self.scheduler = Scheduler(
-            self.device_executor, cpu_executor(), spec.name, observe_phase
-        )
+    def model_code(self) -> GraphCode:
+        return GraphCode(self)
 
     def prepare(self) -> None:
         """Wire the graph and preallocate the buffer pool."""
@@ -126,17 +90,5 @@ class GraphPipeline(Pipeline):
         """The buckets preallocated at start (`spec.pool_sets` sets each)."""
 
     @abstractmethod
-    def batch_key(self, item: TextItem | ImageItem) -> Hashable:
+    def batch_key(self, item: Any) -> Hashable:
         """Items with equal keys may run in one batch."""
-
-    async def run_async(self, batch: Batch) -> list[TextResult | ImageResult]:
-        """Run one batch through the graph. The batch's buffer leases are returned however
-        the run ends."""
-        keys = {self.batch_key(item) for item in batch.items}
-        if len(keys) != 1:
-            raise ValueError(
-                f"items in one batch must share size, steps and whether guided: {keys}")
-        try:
-            return await self.scheduler.run_async(self.graph, batch.items, batch)
-        finally:
-            batch.close()

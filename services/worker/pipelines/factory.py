@@ -23,7 +23,7 @@ def build_pipeline(spec: ModelSpec, device: torch.device) -> Pipeline:
 
     quiet_diffusers()
 
-    classes = {
+    classes: dict[ModelKind, type[Pipeline]] = {
         ModelKind.STABLE_DIFFUSION: image.StableDiffusionImagePipeline,
         ModelKind.STABLE_DIFFUSION_XL: image.StableDiffusionXLImagePipeline,
         ModelKind.CLASS_DDPM: image.ClassDDPMImagePipeline,

@@ -26,7 +26,7 @@ import io
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -37,12 +37,24 @@ from services.worker.engine.batch import Batch
 from services.worker.engine.buffers import BucketKey, BufferPool, BufferSet
 from services.worker.engine.graph import Graph
 from services.worker.engine.operator import Operator
+from services.worker.engine.results import ImageResult
 from services.worker.engine.router import END, JOIN, START, Router, Split
-from services.worker.pipelines.base import ImageResult
 from shared.messages import ImageItem
 
-if TYPE_CHECKING:
-    from diffusers import SchedulerMixin
+
+class DenoiseScheduler(Protocol):
+    """What `Denoise` uses of a diffusers scheduler: every scheduler has these, though their
+    common base class declares none of them."""
+
+    timesteps: torch.Tensor
+    init_noise_sigma: float
+
+    def set_timesteps(self, num_inference_steps: int, device: str) -> None: ...
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor: ...
+
+    def step(self, model_output: torch.Tensor, timestep: torch.Tensor, sample: torch.Tensor,
+             *args: Any, **kwargs: Any) -> Any: ...
 
 
 class ImageModel(Protocol):
@@ -314,7 +326,7 @@ class EncodeClassLabels(Operator):
         return job
 
 
-def step_kwargs(scheduler: "SchedulerMixin", generators: list[torch.Generator]) -> dict:
+def step_kwargs(scheduler: DenoiseScheduler, generators: list[torch.Generator]) -> dict:
     """What diffusers' prepare_extra_step_kwargs passes to `step` (eta 0, per-item noise)."""
     accepted = inspect.signature(scheduler.step).parameters
     kwargs: dict[str, Any] = {}
@@ -332,7 +344,7 @@ class Denoise(Operator):
     input_type = ImageJob
     output_type = ImageJob
 
-    def __init__(self, unet, new_scheduler: Callable[[], "SchedulerMixin"]) -> None:
+    def __init__(self, unet, new_scheduler: Callable[[], DenoiseScheduler]) -> None:
         self.unet = unet
         self.new_scheduler = new_scheduler  # set_timesteps keeps state on the object
 

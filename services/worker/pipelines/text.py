@@ -1,26 +1,25 @@
-"""Causal language models with continuous batching: rows join and leave the running batch at
-step boundaries (pipelines/text_decoder.py), in a fixed pool of KV-cache slots
-(pipelines/text_cache.py).
+"""Causal language models, for continuous batching: the engine's decoder (engine/decoder.py)
+runs rows that join and leave the running batch at step boundaries, in a fixed pool of KV-cache
+slots (engine/text_cache.py).
 
 Every item keeps its own generator, budget and stop strings, so its tokens are the same whether
 it runs alone or beside others. This module loads the model and tokenizer, turns an item into
 prompt ids and a budget, and runs the model's forward the way the decoder needs it: with a
-prepared 4-D mask, so the model's own mask code reads nothing from the device.
+prepared 4-D mask, so the model's own mask code reads nothing from the device. It is the
+decoder's `StepModel` (engine/model_code.py).
 """
 
-import asyncio
 import threading
+from typing import cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from services.worker.engine.batch import Batch
-from services.worker.pipelines.base import Pipeline, TextResult
-from services.worker.pipelines.stopped import PipelineStopped
-from services.worker.pipelines.text_cache import Shape, SlotCache
-from services.worker.pipelines.text_decoder import Decoder
+from services.worker.engine.model_code import StepCode
+from services.worker.engine.text_cache import Shape, SlotCache
+from services.worker.engine.text_rows import Row
+from services.worker.pipelines.base import Pipeline
 from services.worker.pipelines.text_gpt2 import GPT2Forward, fits
-from services.worker.pipelines.text_rows import Row
 from shared.messages import TextItem
 
 # Cache columns per slot when the model does not say how many positions it has.
@@ -29,8 +28,6 @@ DEFAULT_CACHE_LEN = 2048
 
 class CausalLMTextPipeline(Pipeline):
     """Registry kind `causal-lm`: greedy or seeded sampling with per-item stops and budgets."""
-
-    decoder: Decoder
 
     def load(self) -> None:
         path = self.spec.path
@@ -42,7 +39,9 @@ class CausalLMTextPipeline(Pipeline):
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=self.dtype)
         self.tokenizer = tokenizer
         self.pad_id: int = tokenizer.pad_token_id
-        self.model = model.to(self.device).eval()
+        # transformers wraps `to` in a decorator whose stub takes the model as its first
+        # argument, so a bound call looks wrong to the checker.
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.lean = GPT2Forward(self.model) if fits(self.model) else None
         self.eos_ids = _eos_ids(tokenizer, model)
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
@@ -52,7 +51,11 @@ class CausalLMTextPipeline(Pipeline):
         self._encode_lock = threading.Lock()
 
     def prepare(self) -> None:
-        self.decoder = Decoder(self, self.spec.max_batch, self.spec.max_wait_ms / 1000)
+        """Nothing: the KV-cache slots belong to the decoder that runs the model, which
+        allocates them once (`slot_cache`)."""
+
+    def model_code(self) -> StepCode:
+        return StepCode(self)
 
     def slot_cache(self, slots: int) -> SlotCache:
         text = self.model.config.get_text_config(decoder=True)
@@ -71,7 +74,7 @@ class CausalLMTextPipeline(Pipeline):
         additive float mask, built once for all layers: PyTorch's CPU attention is an order of
         magnitude slower with a boolean mask (measured: 1.6 ms against 0.07 ms a call for 32
         rows over 70 keys), and eager attention can only add one. A GPT-2 runs through
-        `GPT2Forward` (pipelines/text_gpt2.py), the same ops without the library's per-call
+        `GPT2Forward` (text_gpt2.py), the same ops without the library's per-call
         work."""
         mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
             ~mask, torch.finfo(self.dtype).min)
@@ -95,52 +98,8 @@ class CausalLMTextPipeline(Pipeline):
         return Row(item=item, prompt=ids, budget=budget)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    async def run_async(self, batch: Batch) -> list[TextResult]:
-        """Run a batch's items through the decoder together (tests, benchmarks). An item that
-        stopped gives what it had made; the run raises PipelineStopped when every item stopped
-        or `stop_all` said so."""
-        stops = _RunStops(batch, self.decoder)
-        futures = [self.decoder.submit(item, stops.hook(i)) for i, item in enumerate(batch.items)]
-        outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        for o in outcomes:
-            if isinstance(o, BaseException) and not isinstance(o, PipelineStopped):
-                raise o
-        if stops.all_stopped or all(isinstance(o, PipelineStopped) for o in outcomes):
-            raise PipelineStopped
-        return [o.partial if isinstance(o, PipelineStopped) else o for o in outcomes]
-
-
-class _RunStops:
-    """The stop hooks of one `run_async`: each item's own, and the batch's `stop_all`, which
-    is asked once per decoder round however many rows it covers."""
-
-    def __init__(self, batch: Batch, decoder: Decoder) -> None:
-        self.batch, self.decoder = batch, decoder
-        self.answers: dict[int, bool] = {}
-        self.all_stopped = False
-
-    def hook(self, i: int):
-        def should_stop() -> bool:
-            if self._stop_all():
-                return True
-            own = self.batch.stops[i]
-            if own is not None and own():
-                self.batch.mark_stopped(i)
-                return True
-            return False
-
-        return should_stop
-
-    def _stop_all(self) -> bool:
-        if self.batch.stop_all is None:
-            return False
-        rnd = self.decoder.rounds
-        if rnd not in self.answers:
-            self.answers[rnd] = self.batch.stop_all()
-        self.all_stopped |= self.answers[rnd]
-        return self.answers[rnd]
+        # One sequence of ids decodes to one string (a batch of them, to a list).
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def _eos_ids(tokenizer, model) -> frozenset[int]:

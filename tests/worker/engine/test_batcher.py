@@ -6,6 +6,8 @@ import time
 import pytest
 
 from services.worker.engine.batcher import Batcher
+from services.worker.engine.scheduling import Ticket
+from services.worker.engine.stopped import PipelineStopped
 
 
 class Recorder:
@@ -30,7 +32,7 @@ def test_a_lone_item_runs_at_once_when_nothing_else_is_expected():
     async def main():
         b = Batcher(rec, max_batch=8, max_wait_s=5.0)
         t0 = time.monotonic()
-        assert await b.submit(1, "k") == 10
+        assert await b.submit(1) == 10
         return time.monotonic() - t0
 
     assert asyncio.run(main()) < 1.0  # far below max_wait
@@ -47,7 +49,7 @@ def test_expected_items_are_waited_for_and_batched():
         for i in range(4):
             if i:
                 b.expected -= 1
-            futures.append(b.submit(i, "k"))
+            futures.append(b.submit(i))
             await asyncio.sleep(0.01)
         return await asyncio.gather(*futures)
 
@@ -62,7 +64,7 @@ def test_wait_is_bounded_by_max_wait():
         b = Batcher(rec, max_batch=8, max_wait_s=0.05)
         b.expected = 5  # announced but never submitted
         t0 = time.monotonic()
-        await b.submit(1, "k")
+        await b.submit(1)
         return time.monotonic() - t0
 
     waited = asyncio.run(main())
@@ -77,7 +79,7 @@ def test_an_idle_batcher_with_linger_waits_while_items_keep_coming():
         b = Batcher(rec, max_batch=8, max_wait_s=5.0, linger_s=0.1)
         futures = []
         for i in range(3):  # nothing announced: each arrival is a surprise
-            futures.append(b.submit(i, "k"))
+            futures.append(b.submit(i))
             await asyncio.sleep(0.03)  # within linger of the one before
         assert rec.batches == []
         return await asyncio.gather(*futures)
@@ -91,10 +93,10 @@ def test_a_gap_longer_than_linger_starts_the_batch():
 
     async def main():
         b = Batcher(rec, max_batch=8, max_wait_s=5.0, max_running=1, linger_s=0.02)
-        first = b.submit(0, "k")
+        first = b.submit(0)
         await asyncio.sleep(0.1)  # past linger: the first has left alone
         assert rec.batches == [[0]]
-        return await asyncio.gather(first, b.submit(1, "k"))
+        return await asyncio.gather(first, b.submit(1))
 
     assert asyncio.run(main()) == [0, 10]
     assert rec.batches == [[0], [1]]
@@ -108,7 +110,7 @@ def test_linger_is_bounded_by_max_wait_from_the_oldest():
         futures = []
         t0 = time.monotonic()
         while time.monotonic() - t0 < 0.4:  # an arrival every 10 ms, for 0.4 s
-            futures.append(b.submit(len(futures), "k"))
+            futures.append(b.submit(len(futures)))
             await asyncio.sleep(0.01)
         await asyncio.gather(*futures)
 
@@ -124,7 +126,7 @@ def test_linger_never_holds_a_full_group():
     async def main():
         b = Batcher(rec, max_batch=2, max_wait_s=5.0, linger_s=5.0)
         t0 = time.monotonic()
-        await asyncio.gather(b.submit(0, "k"), b.submit(1, "k"))
+        await asyncio.gather(b.submit(0), b.submit(1))
         return time.monotonic() - t0
 
     assert asyncio.run(main()) < 1.0
@@ -135,10 +137,10 @@ def test_batches_are_capped_at_max_batch_and_grouped_by_key():
     rec = Recorder(delay=0.05)
 
     async def main():
-        b = Batcher(rec, max_batch=3, max_wait_s=0.01, max_running=1)
+        b = Batcher(rec, max_batch=3, max_wait_s=0.01, max_running=1,
+                    key=lambda i: "a" if i % 2 else "b")
         b.expected = 100
-        items = [(i, "a" if i % 2 else "b") for i in range(8)]
-        futures = [b.submit(i, k) for i, k in items]
+        futures = [b.submit(i) for i in range(8)]
         b.expected = 0
         b.pump()
         return await asyncio.gather(*futures)
@@ -156,11 +158,11 @@ def test_a_failing_batch_fails_its_own_items_and_the_batcher_goes_on():
     async def main():
         b = Batcher(rec, max_batch=2, max_wait_s=0.01, max_running=1)
         b.expected = 1
-        first = [b.submit(1, "k")]
+        first = [b.submit(1)]
         b.expected = 0
-        first.append(b.submit(2, "k"))
+        first.append(b.submit(2))
         results = await asyncio.gather(*first, return_exceptions=True)
-        later = await b.submit(3, "k")
+        later = await b.submit(3)
         return results, later
 
     results, later = asyncio.run(main())
@@ -175,7 +177,7 @@ def test_a_runner_that_raises_still_settles_its_items():
     async def main():
         b = Batcher(broken, max_batch=4, max_wait_s=0.01)
         with pytest.raises(RuntimeError, match="runner bug"):
-            await b.submit(1, "k")
+            await b.submit(1)
         return b.running
 
     assert asyncio.run(main()) == 0
@@ -186,9 +188,9 @@ def test_a_partial_group_fills_up_while_a_batch_runs():
 
     async def main():
         b = Batcher(rec, max_batch=8, max_wait_s=0.001)
-        first = b.submit(0, "k")  # idle engine, nothing expected: runs at once, alone
+        first = b.submit(0)  # idle engine, nothing expected: runs at once, alone
         await asyncio.sleep(0.01)
-        later = [b.submit(i, "k") for i in range(1, 5)]  # arrive while it runs
+        later = [b.submit(i) for i in range(1, 5)]  # arrive while it runs
         await asyncio.sleep(0.03)
         assert b.running == 1  # not dispatched as batches of one beside the running batch
         return await asyncio.gather(first, *later)
@@ -202,9 +204,9 @@ def test_full_groups_run_beside_a_running_batch():
 
     async def main():
         b = Batcher(rec, max_batch=2, max_wait_s=0.001, max_running=2)
-        futures = [b.submit(0, "k")]
+        futures = [b.submit(0)]
         await asyncio.sleep(0.01)
-        futures += [b.submit(1, "k"), b.submit(2, "k")]  # a full group: second slot
+        futures += [b.submit(1), b.submit(2)]  # a full group: second slot
         await asyncio.sleep(0.01)
         assert b.running == 2
         return await asyncio.gather(*futures)
@@ -217,10 +219,11 @@ def test_a_full_group_leaves_before_an_older_partial_one():
     rec = Recorder(delay=0.05)
 
     async def main():
-        b = Batcher(rec, max_batch=2, max_wait_s=5.0, max_running=1)
-        first = b.submit(0, "a")  # runs alone at once: nothing else expected
+        keys = {0: "a", 1: "b", 2: "c", 3: "c"}
+        b = Batcher(rec, max_batch=2, max_wait_s=5.0, max_running=1, key=keys.__getitem__)
+        first = b.submit(0)  # runs alone at once: nothing else expected
         await asyncio.sleep(0.01)
-        futures = [b.submit(1, "b"), b.submit(2, "c"), b.submit(3, "c")]
+        futures = [b.submit(1), b.submit(2), b.submit(3)]
         await asyncio.gather(first, *futures)
 
     asyncio.run(main())
@@ -229,17 +232,15 @@ def test_a_full_group_leaves_before_an_older_partial_one():
 
 
 def test_a_withdrawn_item_leaves_the_queue_at_once():
-    from services.worker.pipelines.stopped import PipelineStopped
-
     rec = Recorder(delay=0.2)
     withdrawn = {"flag": False}
 
     async def main():
         b = Batcher(rec, max_batch=8, max_wait_s=5.0, max_running=1)
-        running = b.submit(0, "k")  # keeps the batcher busy
+        running = b.submit(0)  # keeps the batcher busy
         await asyncio.sleep(0.01)
-        queued = b.submit(1, "k", withdrawn=lambda: withdrawn["flag"])
-        stays = b.submit(2, "k")
+        queued = b.submit(1, Ticket(withdrawn=lambda: withdrawn["flag"]))
+        stays = b.submit(2)
         withdrawn["flag"] = True
         t0 = time.monotonic()
         b.pump()  # as the worker does when a held sub-request is stopped
@@ -268,9 +269,9 @@ def test_an_isolated_item_runs_alone_with_nothing_beside_it():
 
     async def main():
         b = Batcher(run, max_batch=4, max_wait_s=0.0, max_running=2)
-        first = [b.submit(i, "k") for i in range(4)]  # a full batch, running
-        isolated = b.submit(9, "k", isolate=True)
-        later = [b.submit(i, "k") for i in range(10, 14)]  # would run beside it
+        first = [b.submit(i) for i in range(4)]  # a full batch, running
+        isolated = b.submit(9, Ticket(isolate=True))
+        later = [b.submit(i) for i in range(10, 14)]  # would run beside it
         return await asyncio.gather(*first, isolated, *later)
 
     asyncio.run(main())

@@ -15,12 +15,14 @@ from PIL import Image
 
 from services.worker import metrics
 from services.worker.engine.engine import Engine
-from services.worker.pipelines.base import TextResult
+from services.worker.engine.results import TextResult
+from services.worker.engine.scheduling import Ticket
+from services.worker.engine.stopped import PipelineStopped
 from services.worker.pipelines.image import StableDiffusionImagePipeline
-from services.worker.pipelines.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import ImageItem, TextItem
 from shared.registry import ModelSpec
+from tests.worker.engines import engine_for
 
 CPU = torch.device("cpu")
 THREADS = 8
@@ -37,7 +39,7 @@ class Host:
         self.thread.start()
 
     def submit(self, item, should_stop=None):
-        coro = self.engine.submit(item, should_stop)
+        coro = self.engine.submit(item, Ticket(should_stop=should_stop))
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=300)
 
     def close(self) -> None:
@@ -73,7 +75,7 @@ def text_host(model_dir):
                      max_batch=8, defaults={"max_new_tokens": 8})
     pipeline = CausalLMTextPipeline(spec, CPU)
     pipeline.setup()
-    host = Host(Engine(pipeline))
+    host = Host(engine_for(pipeline))
     yield host
     host.close()
 
@@ -84,7 +86,7 @@ def image_host(model_dir):
                      max_batch=8, defaults={"width": 32, "height": 32, "steps": 2})
     pipeline = StableDiffusionImagePipeline(spec, CPU)
     pipeline.setup()
-    host = Host(Engine(pipeline))
+    host = Host(engine_for(pipeline))
     yield host
     host.close()
 
@@ -106,8 +108,8 @@ IMAGE_ITEMS = [
 
 def test_text_stress_equals_the_sequential_run(text_host):
     pipeline = text_host.engine.pipeline
-    decoder = pipeline.decoder
-    sequential = [pipeline.run([item])[0] for item in TEXT_ITEMS]
+    decoder = engine_for(pipeline).scheduling
+    sequential = [engine_for(pipeline).run([item])[0] for item in TEXT_ITEMS]
     widest = 0
     original = decoder._iterate
 
@@ -120,7 +122,7 @@ def test_text_stress_equals_the_sequential_run(text_host):
     try:
         for _ in range(3):
             # Sampled rows too: their seeded draws lie at least 1.6e-5 from a boundary between
-            # two tokens, far beyond what the batch's rounding moves (text_decoder's docstring).
+            # two tokens, far beyond what the batch's rounding moves (engine/decoder.py).
             for i, result in hammer(text_host, TEXT_ITEMS, PER_ROUND):
                 assert result == sequential[i], TEXT_ITEMS[i]
     finally:
@@ -133,7 +135,7 @@ def test_text_stress_equals_the_sequential_run(text_host):
 def test_image_stress_equals_the_sequential_run(image_host):
     pipeline = image_host.engine.pipeline
     # Guided and unguided items never share a batch (different keys); both kinds run.
-    sequential = [pixels(pipeline.run([item])[0].png) for item in IMAGE_ITEMS]
+    sequential = [pixels(engine_for(pipeline).run([item])[0].png) for item in IMAGE_ITEMS]
     count_before = batches("stress-sd")
     for _ in range(3):
         for i, result in hammer(image_host, IMAGE_ITEMS, PER_ROUND):
@@ -160,7 +162,7 @@ def test_slots_under_failures_and_cancellations(model_dir):
                      max_batch=8, defaults={"max_new_tokens": 6})
     pipeline = CausalLMTextPipeline(spec, CPU)
     pipeline.setup()
-    decoder = pipeline.decoder
+    decoder = engine_for(pipeline).scheduling
     failed: list[set[str]] = []
     original = decoder._iterate
 
@@ -172,7 +174,7 @@ def test_slots_under_failures_and_cancellations(model_dir):
         return original(admit)
 
     decoder._iterate = faulty
-    host = Host(Engine(pipeline))
+    host = Host(engine_for(pipeline))
     rng = random.Random(5)
     kinds = rng.choices(["FAIL", "CANCEL", "OK"], weights=[3, 5, 92], k=600)
     jobs = [(k, TextItem(prompt=f"{k} {i}", max_new_tokens=6)) for i, k in enumerate(kinds)]
@@ -206,14 +208,15 @@ def test_slots_under_failures_and_cancellations(model_dir):
 def test_cancelled_item_ends_at_once_while_its_batch_runs_on(text_host):
     engine = text_host.engine
     items = [TextItem(prompt=f"row {i}", max_new_tokens=8) for i in range(4)]
-    alone = [engine.pipeline.run([it])[0] for it in items]
+    alone = [engine.run([it])[0] for it in items]
 
     async def together():
-        engine.intake.expected = 4
+        engine.scheduling.expected = 4
         futures = []
         for i, item in enumerate(items):
-            engine.intake.expected -= 1
-            futures.append(engine.submit(item, stop_after(1) if i == 2 else None))
+            engine.scheduling.expected -= 1
+            stop = stop_after(1) if i == 2 else None
+            futures.append(engine.submit(item, Ticket(should_stop=stop)))
         return await asyncio.gather(*futures, return_exceptions=True)
 
     results = asyncio.run_coroutine_threadsafe(together(), text_host.loop).result(60)
@@ -227,16 +230,16 @@ def test_one_bad_image_item_fails_alone_and_its_batch_mates_succeed(digits_pipel
     items = [ImageItem(prompt=str(d), width=16, height=16, steps=5, guidance_scale=2.0, seed=d,
                        class_label=label) for d, label in [(1, 1), (2, 10_000), (3, 3), (4, 4)]]
     good = [items[i] for i in (0, 2, 3)]
-    alone = [pixels(digits_pipeline.run([it])[0].png) for it in good]
-    host = Host(Engine(digits_pipeline))
+    alone = [pixels(engine_for(digits_pipeline).run([it])[0].png) for it in good]
+    host = Host(engine_for(digits_pipeline))
     isolated = metrics.BATCHES_ISOLATED.labels("digits")._value.get()
     try:
         async def together():
             engine = host.engine
-            engine.intake.expected = len(items)  # one batch: all announced before any runs
+            engine.scheduling.expected = len(items)  # one batch: all announced before any runs
             futures = []
             for it in items:
-                engine.intake.expected -= 1
+                engine.scheduling.expected -= 1
                 futures.append(engine.submit(it))
             return await asyncio.gather(*futures, return_exceptions=True)
 

@@ -14,7 +14,7 @@ from services.worker.engine.graph import Graph
 from services.worker.engine.operator import Operator
 from services.worker.engine.router import END, JOIN, START, Router, Split
 from services.worker.engine.scheduler import Scheduler
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine.stopped import PipelineStopped
 
 
 class Step(Operator):

@@ -1,4 +1,4 @@
-"""Text as it is decoded (pipelines/text_stream.py and the decoder's `on_text` hook): what is
+"""Text as it is decoded (engine/text_stream.py and the decoder's `on_text` hook): what is
 heard after each read only ever grows, adds up to the final text exactly whatever ends the row,
 never shows a stop string, and costs no host read."""
 
@@ -11,15 +11,16 @@ import torch
 
 from services.worker.engine import sync
 from services.worker.engine.batch import Batch
-from services.worker.engine.engine import Engine
-from services.worker.pipelines.base import TextResult
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine.results import TextResult
+from services.worker.engine.scheduling import Ticket
+from services.worker.engine.stopped import PipelineStopped
+from services.worker.engine.text_rows import Sequence
+from services.worker.engine.text_stream import INCOMPLETE, TextUpdate, holdback, publishable
 from services.worker.pipelines.text import CausalLMTextPipeline
-from services.worker.pipelines.text_rows import Sequence
-from services.worker.pipelines.text_stream import INCOMPLETE, TextUpdate, holdback, publishable
 from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
-from tests.worker.test_text_decoder import PROMPTS, WORDS, HostReads, Loop
+from tests.worker.engine.test_decoder import PROMPTS, WORDS, HostReads, Loop
+from tests.worker.engines import engine_for
 from tests.worker.text_reference import alone, greedy_ids
 
 MODEL = "tiny-gpt2-stream"  # a name of its own, so no other test moves its counters
@@ -76,7 +77,7 @@ def run(pipe: CausalLMTextPipeline, items: list[TextItem]) -> tuple[list, list[H
     heard = [Heard() for _ in items]
 
     async def go():
-        return await asyncio.gather(*(pipe.decoder.submit(item, on_text=h)
+        return await asyncio.gather(*(engine_for(pipe).scheduling.submit(item, Ticket(on_text=h))
                                       for item, h in zip(items, heard, strict=True)))
 
     return asyncio.run(go()), heard
@@ -115,7 +116,7 @@ def test_a_sequence_streams_whole_characters_and_never_a_stop_string(
 
 def test_deltas_add_up_to_the_text_for_every_ending(pipeline: CausalLMTextPipeline,
                                                     monkeypatch: pytest.MonkeyPatch):
-    (full,) = pipeline.run([TextItem(prompt=PROMPTS[2], max_new_tokens=30)])
+    (full,) = engine_for(pipeline).run([TextItem(prompt=PROMPTS[2], max_new_tokens=30)])
     stop = full.text[10:15]
     eos = greedy_ids(pipeline, PROMPTS[0], 4)[3]
     items = [
@@ -150,12 +151,12 @@ def test_rows_that_join_at_different_times_each_add_up(pipeline: CausalLMTextPip
     reference = alone(pipeline, items)
     heard = [Heard() for _ in items]
     delays = [rng.random() * 0.2 for _ in items]
-    engine = Engine(pipeline)
+    engine = engine_for(pipeline)
 
     async def staggered():
         async def one(item, hook, delay):
             await asyncio.sleep(delay)
-            return await engine.submit(item, on_text=hook)
+            return await engine.submit(item, Ticket(on_text=hook))
 
         return await asyncio.gather(*(one(*a) for a in zip(items, heard, delays, strict=True)))
 
@@ -170,10 +171,10 @@ def test_streaming_adds_no_host_read(pipeline: CausalLMTextPipeline):
     items = [TextItem(prompt=p, max_new_tokens=5 + 3 * i, stop=["e"] if i % 2 else [])
              for i, p in enumerate(PROMPTS)]
     before = sync.count(MODEL)
-    quiet = pipeline.run(items)
+    quiet = engine_for(pipeline).run(items)
     reads = sync.count(MODEL) - before
 
-    decoder = pipeline.decoder
+    decoder = engine_for(pipeline).scheduling
     staging = decoder.tokens_host.untyped_storage().data_ptr()
     mode = HostReads()
     original = decoder._iterate
@@ -208,7 +209,7 @@ def test_a_row_asked_to_stop_hears_nothing_more(pipeline: CausalLMTextPipeline):
     async def go():
         batch = Batch(items, [None, stop_later])
         return await asyncio.gather(
-            *(pipeline.decoder.submit(item, stop, on_text=h)
+            *(engine_for(pipeline).scheduling.submit(item, Ticket(should_stop=stop, on_text=h))
               for item, stop, h in zip(items, batch.stops, heard, strict=True)),
             return_exceptions=True)
 

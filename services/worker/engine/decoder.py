@@ -1,9 +1,11 @@
 """Continuous (iteration-level) batching for causal language models.
 
-One decoder per text model runs rows of any age together. Between iterations it admits waiting
-items into free cache slots (their prompts are prefilled together and join the running rows'
-step) and retires every row that ended (EOS, a stop string, its own budget, or asked to stop),
-settling its sub-request there and then. The slots are a fixed pool (`SlotCache`): when all
+The decoder is a `Scheduling` (scheduling.py): it drives model code the text pipeline offers
+(`StepModel`, model_code.py) and knows nothing else of it. One decoder per text engine runs
+rows of any age together. Between iterations it admits waiting items into free cache slots
+(their prompts are prefilled together and join the running rows' step) and retires every row
+that ended (EOS, a stop string, its own budget, or asked to stop), settling its sub-request
+there and then. The slots are a fixed pool (`SlotCache`): when all
 are taken, items wait; nothing is allocated past them.
 
 An iteration, on the model's device thread:
@@ -12,7 +14,7 @@ An iteration, on the model's device thread:
     arriving for a free slot would wait long for the rest: `_joins_sooner`) -> one read of
     the tokens made (the only host read, counted in `sync`) -> push them through each row's
     EOS / stop / budget rules on the host -> tell each row's `on_text` hook what it has now
-    (pipelines/text_stream.py) -> retire the rows that ended
+    (text_stream.py) -> retire the rows that ended
 
 Rows never take more steps than the smallest budget left among them, so no row runs past its
 budget and its cache columns always fit. Greedy rows give `generate`'s tokens, sampled rows
@@ -31,23 +33,24 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, cast
 
 import torch
 
 from services.worker import metrics
 from services.worker.engine import sync
+from services.worker.engine.batch import Batch, ShouldStop
+from services.worker.engine.model_code import StepModel
+from services.worker.engine.results import Result, TextResult
+from services.worker.engine.run_stops import RunStops
+from services.worker.engine.scheduling import PLAIN, Ticket
 from services.worker.engine.settle import settle
 from services.worker.engine.start import OnStart, announce_start
-from services.worker.pipelines.base import TextResult
-from services.worker.pipelines.stopped import PipelineStopped
-from services.worker.pipelines.text_rows import Row, Sequence
-from services.worker.pipelines.text_sampling import N_PARAMS, params_of, pick, uniforms_of
-from services.worker.pipelines.text_stream import OnText, TextUpdate
+from services.worker.engine.stopped import PipelineStopped
+from services.worker.engine.text_rows import Row, Sequence
+from services.worker.engine.text_sampling import N_PARAMS, params_of, pick, uniforms_of
+from services.worker.engine.text_stream import OnText, TextUpdate
 from shared.messages import FinishReason, TextItem
-
-if TYPE_CHECKING:
-    from services.worker.pipelines.text import CausalLMTextPipeline
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +61,6 @@ STEPS_PER_READ = 4
 # iteration would take at least this long: about what an extra iteration costs the host
 # (its read, its pass through the event loop, a prefill of fewer rows).
 JOIN_SOONER_S = 0.002
-
-ShouldStop = Callable[[], bool]
 
 
 @dataclass(eq=False)
@@ -110,12 +111,15 @@ Settle = tuple[Waiting, TextResult | None, BaseException | None]
 
 
 class Decoder:
-    def __init__(self, pipeline: "CausalLMTextPipeline", slots: int, max_wait_s: float) -> None:
-        self.p = pipeline
+    def __init__(self, model: StepModel, slots: int, max_wait_s: float,
+                 on_start: OnStart | None = None) -> None:
+        """`on_start` hears the tags of the items about to start on the device, before they
+        start (start.py)."""
+        self.p = model
         self.slots = slots
         self.max_wait_s = max_wait_s
-        self.cache = pipeline.slot_cache(slots)
-        device = pipeline.device
+        self.cache = model.slot_cache(slots)
+        device = model.device
         self.next_ids = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.made = torch.zeros(slots, dtype=torch.long, device=device)  # tokens per row
@@ -131,7 +135,7 @@ class Decoder:
         # A decode step's time, read included (on a GPU the read waits for the device), as
         # the last iteration measured it.
         self.step_seconds = 0.0
-        self.on_start: OnStart | None = None
+        self.on_start = on_start
         self._task: asyncio.Task | None = None
         # Set by every pump (an arrival, a withdrawal, an announced arrival that will not
         # come): ends a burst wait at once instead of polling for it.
@@ -139,16 +143,36 @@ class Decoder:
 
     # Event loop side -----------------------------------------------------------------------
 
-    def submit(self, item: TextItem, should_stop: ShouldStop | None = None,
-               withdrawn: Callable[[], bool] | None = None, tag: str | None = None,
-               isolate: bool = False, on_text: OnText | None = None,
-               charged: bool = False) -> asyncio.Future:
+    def submit(self, item: Any, ticket: Ticket = PLAIN) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.waiting.append(Waiting(item, should_stop, future, loop, withdrawn=withdrawn,
-                                    isolate=isolate, tag=tag, charged=charged, on_text=on_text))
+        self.waiting.append(Waiting(item, ticket.should_stop, future, loop,
+                                    withdrawn=ticket.withdrawn, isolate=ticket.isolate,
+                                    tag=ticket.tag, charged=ticket.charged,
+                                    on_text=ticket.on_text))
         self.pump()
         return future
+
+    async def run_together(self, batch: Batch) -> list[Result]:
+        """Run a batch's items through the decoder together. An item that stopped gives what
+        it had made; the run raises PipelineStopped when every item stopped or `stop_all`
+        said so."""
+        stops = RunStops(batch, lambda: self.rounds)
+        futures = [self.submit(item, Ticket(should_stop=stops.hook(i)))
+                   for i, item in enumerate(batch.items)]
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        results: list[Result] = []
+        for o in outcomes:
+            if isinstance(o, PipelineStopped):
+                # What a stopped row had made: its TextResult (`_retire`).
+                results.append(cast(TextResult, o.partial))
+            elif isinstance(o, BaseException):
+                raise o
+            else:
+                results.append(o)
+        if stops.all_stopped or all(isinstance(o, PipelineStopped) for o in outcomes):
+            raise PipelineStopped
+        return results
 
     def starts_soon(self) -> bool:
         """Whether an item announced now (counted in `expected`) would join the next
@@ -188,11 +212,11 @@ class Decoder:
                                                      admit)
             except Exception as exc:
                 settles = self._failed(admit, exc)
-            for waiting, result, exc in settles:
+            for waiting, result, error in settles:
                 if waiting.loop is loop:
-                    settle(waiting.future, result, exc)
+                    settle(waiting.future, result, error)
                 else:  # submitted from another loop (a test's or a benchmark's own)
-                    waiting.loop.call_soon_threadsafe(settle, waiting.future, result, exc)
+                    waiting.loop.call_soon_threadsafe(settle, waiting.future, result, error)
 
     async def _burst_gathered(self) -> bool:
         """An idle decoder starts at once, unless more sub-requests are on their way: then it
@@ -414,7 +438,7 @@ class Decoder:
     def _tell(self, r: Running, hook: OnText) -> None:
         """Hand a row's hook its state; the hook decodes only if it asks for the text."""
         seq = r.seq
-        update = TextUpdate(tokens=seq.tokens, prompt_tokens=seq.prompt_tokens,
+        update = TextUpdate(tokens=seq.tokens, prompt_tokens=len(r.row.prompt),
                             finish_reason=seq.finish_reason, text=lambda: seq.stream_text(self.p))
         try:
             hook(update)

@@ -12,15 +12,17 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from services.worker.engine import sync
+from services.worker.engine import decoder as decoder_module
+from services.worker.engine import sync, text_cache
 from services.worker.engine.batch import Batch
+from services.worker.engine.decoder import STEPS_PER_READ, Decoder
 from services.worker.engine.engine import Engine
-from services.worker.pipelines import text_cache, text_decoder
-from services.worker.pipelines.stopped import PipelineStopped
+from services.worker.engine.scheduling import Ticket
+from services.worker.engine.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
-from services.worker.pipelines.text_decoder import STEPS_PER_READ, Decoder
 from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
+from tests.worker.engines import engine_for
 from tests.worker.text_reference import alone, greedy_ids
 
 MODEL = "tiny-gpt2-decoder"  # a name of its own, so no other test moves its counters
@@ -89,7 +91,7 @@ def random_items(n: int, seed: int, max_tokens: int = 30) -> list[TextItem]:
 
 
 def test_slots_are_preallocated_for_the_longest_sequence(pipeline: CausalLMTextPipeline):
-    cache = pipeline.decoder.cache
+    cache = engine_for(pipeline).scheduling.cache
     config = pipeline.model.config
     assert cache.slots == 8 and cache.length == config.n_positions
     head_dim = config.n_embd // config.n_head
@@ -105,7 +107,7 @@ def test_greedy_equals_generate_token_for_token(pipeline: CausalLMTextPipeline):
                                           do_sample=False, pad_token_id=pipeline.pad_id)
         expected = out[0, ids.shape[1]:].tolist()
         assert pipeline.eos_ids.isdisjoint(expected)
-        (result,) = pipeline.run([TextItem(prompt=prompt, max_new_tokens=20)])
+        (result,) = engine_for(pipeline).run([TextItem(prompt=prompt, max_new_tokens=20)])
         assert (result.text, result.tokens) == (pipeline.decode(expected), 20)
 
 
@@ -117,7 +119,7 @@ def test_one_counted_host_read_per_iteration(pipeline: CausalLMTextPipeline, n: 
         for i, (p, b) in enumerate(zip(PROMPTS, budgets, strict=False))
     ]
     total, outputs = sync.count(MODEL), sync.count(MODEL, "output")
-    results = pipeline.run(items)
+    results = engine_for(pipeline).run(items)
     assert [r.tokens for r in results] == budgets  # the tiny model never emits its EOS here
     reads = sync.count(MODEL) - total
     assert reads == sync.count(MODEL, "output") - outputs  # every read is the tokens' read
@@ -143,7 +145,7 @@ class HostReads(TorchFunctionMode):
 
 def test_the_only_host_reads_are_the_counted_ones(pipeline: CausalLMTextPipeline) -> None:
     items = random_items(12, seed=3)
-    decoder = pipeline.decoder
+    decoder = engine_for(pipeline).scheduling
     staging = decoder.tokens_host.untyped_storage().data_ptr()
     before = sync.count(MODEL)
     mode = HostReads()
@@ -156,7 +158,7 @@ def test_the_only_host_reads_are_the_counted_ones(pipeline: CausalLMTextPipeline
     original = decoder._iterate
     decoder._iterate = iterate
     try:
-        results = pipeline.run(items)
+        results = engine_for(pipeline).run(items)
     finally:
         del decoder._iterate
     reads = sync.count(MODEL) - before
@@ -171,11 +173,11 @@ def test_rows_join_and_leave_between_steps(pipeline: CausalLMTextPipeline, loop:
     long = TextItem(prompt=PROMPTS[1], max_new_tokens=200)
     shorts = [TextItem(prompt=p, max_new_tokens=3) for p in PROMPTS[2:5]]
     reference = alone(pipeline, [long, *shorts])
-    engine = Engine(pipeline)
+    engine = engine_for(pipeline)
 
     async def scenario():
         long_future = asyncio.ensure_future(engine.submit(long))
-        while not pipeline.decoder.running:  # the long row is decoding
+        while not engine_for(pipeline).scheduling.running:  # the long row is decoding
             await asyncio.sleep(0.001)
         short_results = await asyncio.gather(*(engine.submit(s) for s in shorts))
         # They joined the running batch and left it while the long row went on.
@@ -194,7 +196,7 @@ def test_a_decode_step_reads_only_the_columns_its_rows_hold(
     late = TextItem(prompt=PROMPTS[5], max_new_tokens=150)
     reference = alone(pipeline, [early, late])
     assert [r.tokens for r in reference] == [120, 150]  # no EOS: the scenario below holds
-    decoder = pipeline.decoder
+    decoder = engine_for(pipeline).scheduling
     reads = []  # (keys read, the shared column + 1, the most columns a row holds + 1)
     update = text_cache.SlotCache.update
 
@@ -206,7 +208,7 @@ def test_a_decode_step_reads_only_the_columns_its_rows_hold(
         return keys, values
 
     monkeypatch.setattr(text_cache.SlotCache, "update", recording)
-    engine = Engine(pipeline)
+    engine = engine_for(pipeline)
 
     async def scenario():
         joined = loop.loop.create_future()
@@ -217,7 +219,7 @@ def test_a_decode_step_reads_only_the_columns_its_rows_hold(
                     lambda: joined.done() or joined.set_result(
                         asyncio.ensure_future(engine.submit(late))))
 
-        first = await engine.submit(early, on_text=on_text)
+        first = await engine.submit(early, Ticket(on_text=on_text))
         return [first, await (await joined)]
 
     assert loop.run(scenario()) == reference
@@ -229,7 +231,7 @@ def test_a_full_pool_makes_rows_wait(model_dir: Path, loop: Loop):
     pipe = _pipeline(model_dir, name="tiny-gpt2-two-slots", max_batch=2)
     items = random_items(9, seed=5)
     reference = alone(pipe, items)
-    decoder = pipe.decoder
+    decoder = engine_for(pipe).scheduling
     pointers = [t.data_ptr() for t in decoder.cache.keys]
     most = 0
     original = decoder._iterate
@@ -240,7 +242,7 @@ def test_a_full_pool_makes_rows_wait(model_dir: Path, loop: Loop):
         return original(admit)
 
     decoder._iterate = iterate
-    engine = Engine(pipe)
+    engine = engine_for(pipe)
 
     async def burst():
         return await asyncio.gather(*(engine.submit(it) for it in items))
@@ -265,7 +267,7 @@ def test_staggered_arrivals_through_compaction_match_alone(model_dir: Path, loop
         return compact(self, *args)
 
     monkeypatch.setattr(text_cache.SlotCache, "compact", counting)
-    engine = Engine(pipe)
+    engine = engine_for(pipe)
     rng = random.Random(2)
     delays = [rng.random() * 0.3 for _ in items]
 
@@ -279,7 +281,7 @@ def test_staggered_arrivals_through_compaction_match_alone(model_dir: Path, loop
     got = loop.run(staggered())
     # Arrival times decide which rows share a step; every row, sampled ones too, must still
     # give its tokens alone: these items' seeded draws lie at least 1e-5 from a boundary
-    # between two tokens, far beyond what the batch's rounding moves (text_decoder.py).
+    # between two tokens, far beyond what the batch's rounding moves (engine/decoder.py).
     differ = [i for i, (a, b) in enumerate(zip(got, reference, strict=True)) if a != b]
     assert differ == []
     assert compactions > 0
@@ -296,11 +298,11 @@ def test_stopped_item_leaves_the_rest_running(pipeline: CausalLMTextPipeline) ->
 
     stopped: list[int] = []
     batch = Batch(items, [None, stop_second, None], on_stop=stopped.append)
-    results = asyncio.run(pipeline.run_async(batch))
+    results = asyncio.run(engine_for(pipeline).run_async(batch))
     assert stopped == [1]
     assert results[1].finish_reason == "canceled" and results[1].tokens == 2
     assert [results[0], results[2]] == alone(pipeline, [items[0], items[2]])
-    assert not pipeline.decoder.running
+    assert not engine_for(pipeline).scheduling.running
 
 
 def test_a_model_error_fails_the_rows_it_held_and_the_decoder_goes_on(
@@ -314,14 +316,15 @@ def test_a_model_error_fails_the_rows_it_held_and_the_decoder_goes_on(
     with monkeypatch.context() as m:
         m.setattr(pipeline, "forward", boom)
         with pytest.raises(RuntimeError, match="injected"):
-            pipeline.run(items)
-    assert not pipeline.decoder.running and pipeline.decoder.cache.column == 0
-    assert pipeline.run(items) == alone(pipeline, items)
+            engine_for(pipeline).run(items)
+    decoder = engine_for(pipeline).scheduling
+    assert not decoder.running and decoder.cache.column == 0
+    assert engine_for(pipeline).run(items) == alone(pipeline, items)
 
 
 def test_batch_of_8_greedy_matches_alone(pipeline: CausalLMTextPipeline) -> None:
     items = [TextItem(prompt=p, max_new_tokens=4 + 2 * i) for i, p in enumerate(PROMPTS)]
-    batched = pipeline.run(items)
+    batched = engine_for(pipeline).run(items)
     assert batched == alone(pipeline, items)
     assert [r.tokens for r in batched] == [4 + 2 * i for i in range(8)]
 
@@ -338,7 +341,7 @@ def test_single_tokens_take_no_decode_step(pipeline: CausalLMTextPipeline,
 
     monkeypatch.setattr(Decoder, "_step", counting)
     items = [TextItem(prompt=p, max_new_tokens=1) for p in PROMPTS[:3]]
-    results = pipeline.run(items)
+    results = engine_for(pipeline).run(items)
     assert steps == 0
     for prompt, result in zip(PROMPTS, results, strict=False):
         assert (result.finish_reason, result.tokens) == ("length", 1)
@@ -346,7 +349,7 @@ def test_single_tokens_take_no_decode_step(pipeline: CausalLMTextPipeline,
 
 
 def test_empty_prompt_starts_from_bos(pipeline: CausalLMTextPipeline) -> None:
-    (result,) = pipeline.run([TextItem(prompt="", max_new_tokens=5)])
+    (result,) = engine_for(pipeline).run([TextItem(prompt="", max_new_tokens=5)])
     bos = pipeline.tokenizer.bos_token_id
     ids = torch.tensor([[pipeline.tokenizer.eos_token_id if bos is None else bos]])
     with torch.inference_mode():
@@ -365,7 +368,7 @@ def test_position_limit_beside_a_short_prompt(pipeline: CausalLMTextPipeline) ->
         TextItem(prompt=long_prompt, max_new_tokens=20),
         TextItem(prompt=PROMPTS[1], max_new_tokens=20, temperature=1.0, seed=7),
     ]
-    batched = pipeline.run(items)
+    batched = engine_for(pipeline).run(items)
     assert batched == alone(pipeline, items)
     assert [(r.finish_reason, r.tokens) for r in batched] == [("length", 1), ("length", 20)]
 
@@ -374,23 +377,23 @@ def test_early_stop_on_eos_retires_the_row(pipeline: CausalLMTextPipeline,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     expected = greedy_ids(pipeline, PROMPTS[0], 4)
     monkeypatch.setattr(pipeline, "eos_ids", frozenset({expected[3]}))
-    (result,) = pipeline.run([TextItem(prompt=PROMPTS[0], max_new_tokens=300)])
+    (result,) = engine_for(pipeline).run([TextItem(prompt=PROMPTS[0], max_new_tokens=300)])
     assert result.finish_reason == "stop"
     assert result.tokens == expected.index(expected[3]) + 1
-    assert not pipeline.decoder.running
+    assert not engine_for(pipeline).scheduling.running
 
 
 def test_a_waiting_item_that_is_withdrawn_leaves_at_once(model_dir: Path, loop: Loop):
     pipe = _pipeline(model_dir, name="tiny-gpt2-one-slot", max_batch=1)
-    engine = Engine(pipe)
+    engine = engine_for(pipe)
     withdrawn = threading.Event()
 
     async def scenario():
         long = asyncio.ensure_future(engine.submit(TextItem(prompt="a", max_new_tokens=500)))
-        while not pipe.decoder.running:
+        while not engine_for(pipe).scheduling.running:
             await asyncio.sleep(0.001)
         waiting = asyncio.ensure_future(engine.submit(TextItem(prompt="b", max_new_tokens=5),
-                                                      withdrawn=withdrawn.is_set))
+                                                      Ticket(withdrawn=withdrawn.is_set)))
         await asyncio.sleep(0.01)
         withdrawn.set()
         engine.poke()  # as the worker does when it stops a held sub-request
@@ -410,24 +413,25 @@ def test_one_poison_row_fails_alone_and_the_rows_beside_it_succeed(
     items = [TextItem(prompt=p, max_new_tokens=6 + i, temperature=0.8 * (i % 2), seed=i)
              for i, p in enumerate(PROMPTS[1:5])]
     reference = alone(pipeline, items)
-    engine = Engine(pipeline)
+    engine = engine_for(pipeline)
 
     async def together():
-        engine.intake.expected = 5  # announced together: one prefill holds them all
+        engine.scheduling.expected = 5  # announced together: one prefill holds them all
         futures = []
         for item in [*items[:2], poison, *items[2:]]:
-            engine.intake.expected -= 1
+            engine.scheduling.expected -= 1
             futures.append(engine.submit(item))
         return await asyncio.gather(*futures, return_exceptions=True)
 
     results = loop.run(together())
     assert isinstance(results[2], OverflowError)
     assert [*results[:2], *results[3:]] == reference
-    assert not pipeline.decoder.running and not pipeline.decoder.waiting
+    decoder = engine_for(pipeline).scheduling
+    assert not decoder.running and not decoder.waiting
 
 
 def test_an_arrival_starts_soon_while_a_slot_is_free_for_it(pipeline: CausalLMTextPipeline):
-    decoder = pipeline.decoder
+    decoder = engine_for(pipeline).scheduling
     assert not decoder.running and not decoder.waiting and decoder.expected == 0
     other = asyncio.new_event_loop()
     try:
@@ -437,7 +441,7 @@ def test_an_arrival_starts_soon_while_a_slot_is_free_for_it(pipeline: CausalLMTe
         assert not decoder.starts_soon()
         decoder.expected = 1
         # An isolated item runs alone: nothing arriving beside it starts soon.
-        decoder.waiting.append(text_decoder.Waiting(TextItem(prompt="a", max_new_tokens=2), None,
+        decoder.waiting.append(decoder_module.Waiting(TextItem(prompt="a", max_new_tokens=2), None,
                                                     other.create_future(), other,
                                                     isolate=True))
         assert not decoder.starts_soon()
@@ -459,7 +463,7 @@ def test_an_item_charged_with_its_lease_is_not_announced_again(pipeline: CausalL
     engine = Engine(pipeline, on_start=on_start)
 
     async def together():
-        return await asyncio.gather(*(engine.submit(item, tag=f"t{i}", charged=i == 1)
+        return await asyncio.gather(*(engine.submit(item, Ticket(tag=f"t{i}", charged=i == 1))
                                       for i, item in enumerate(items)))
 
     assert loop.run(together()) == reference
@@ -473,8 +477,13 @@ def test_an_isolated_row_decodes_with_nothing_beside_it(pipeline: CausalLMTextPi
     isolated = TextItem(prompt=PROMPTS[0], max_new_tokens=30)
     others = [TextItem(prompt=p, max_new_tokens=4) for p in PROMPTS[1:4]]
     reference = alone(pipeline, [isolated, *others])
-    decoder = pipeline.decoder
     shared_iterations, started = [], []
+
+    async def on_start(tags):
+        started.append(list(tags))
+
+    engine = Engine(pipeline, on_start=on_start)
+    decoder = engine.scheduling
     original = decoder._iterate
 
     def iterate(admit):
@@ -483,17 +492,13 @@ def test_an_isolated_row_decodes_with_nothing_beside_it(pipeline: CausalLMTextPi
             shared_iterations.append(rows)
         return original(admit)
 
-    async def on_start(tags):
-        started.append(list(tags))
-
     decoder._iterate = iterate
-    engine = Engine(pipeline, on_start=on_start)
 
     async def scenario():
-        first = asyncio.ensure_future(engine.submit(isolated, tag="iso", isolate=True))
+        first = asyncio.ensure_future(engine.submit(isolated, Ticket(tag="iso", isolate=True)))
         while not decoder.running:
             await asyncio.sleep(0.001)
-        rest = await asyncio.gather(*(engine.submit(o, tag=f"o{i}")
+        rest = await asyncio.gather(*(engine.submit(o, Ticket(tag=f"o{i}"))
                                       for i, o in enumerate(others)))
         return [await first, *rest]
 
@@ -513,12 +518,12 @@ def test_an_isolated_row_decodes_with_nothing_beside_it(pipeline: CausalLMTextPi
 def test_an_arrival_for_a_free_slot_joins_at_the_next_step_when_steps_are_long(
         pipeline: CausalLMTextPipeline, loop: Loop, monkeypatch: pytest.MonkeyPatch,
         join_sooner_s: float, rows: list[int]):
-    monkeypatch.setattr(text_decoder, "JOIN_SOONER_S", join_sooner_s)
+    monkeypatch.setattr(decoder_module, "JOIN_SOONER_S", join_sooner_s)
     long = TextItem(prompt=PROMPTS[1], max_new_tokens=40)
     late = TextItem(prompt=PROMPTS[4], max_new_tokens=10)
     reference = alone(pipeline, [long, late])
-    decoder = pipeline.decoder
-    engine = Engine(pipeline)
+    decoder = engine_for(pipeline).scheduling
+    engine = engine_for(pipeline)
     rows_per_step: list[int] = []
     step = decoder._step
     late_results: list[asyncio.Future] = []
@@ -565,7 +570,7 @@ def test_a_wider_prompt_joining_keeps_the_running_rows_whole(
         return update(self, key_states, value_states, layer_idx, *args, **kwargs)
 
     monkeypatch.setattr(text_cache.SlotCache, "update", checking)
-    engine = Engine(pipeline)
+    engine = engine_for(pipeline)
 
     async def scenario():
         joined = loop.loop.create_future()
@@ -576,7 +581,7 @@ def test_a_wider_prompt_joining_keeps_the_running_rows_whole(
                     lambda: joined.done() or joined.set_result(
                         asyncio.ensure_future(engine.submit(wide))))
 
-        first = await engine.submit(running, on_text=on_text)
+        first = await engine.submit(running, Ticket(on_text=on_text))
         return [first, await (await joined)]
 
     assert len(pipeline.tokenizer(PROMPTS[6])["input_ids"]) + STEPS_PER_READ < len(

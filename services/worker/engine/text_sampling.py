@@ -29,12 +29,14 @@ def uniforms_of(seed: int, n: int) -> torch.Tensor:
     return torch.cat([torch.rand(1, generator=g) for _ in range(n)])
 
 
-def pick(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor,
+def pick(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor | None,
          sampled: bool) -> torch.Tensor:
-    """The next token of every row: argmax for greedy rows, a seeded draw for the others."""
+    """The next token of every row: argmax for greedy rows, a seeded draw for the others
+    (`uniform`: one number per row, needed only when some row is `sampled`)."""
     greedy = logits.argmax(dim=-1)
     if not sampled:
         return greedy
+    assert uniform is not None, "sampled rows draw from their uniforms"
     vocab = logits.shape[-1]
     scaled = logits / params[TEMPERATURE][:, None]
     # Stable sort keeps ties in id order, so a row's draw never depends on its neighbours.

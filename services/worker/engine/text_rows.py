@@ -3,13 +3,14 @@
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.worker.pipelines.base import TextResult
-from services.worker.pipelines.text_stream import holdback, publishable
+from services.worker.engine.results import TextResult
+from services.worker.engine.text_stream import holdback, publishable
 from shared.messages import FinishReason, TextItem
 
 
 class Detokenizer(Protocol):
-    eos_ids: frozenset[int]
+    @property
+    def eos_ids(self) -> frozenset[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -67,7 +68,7 @@ class Sequence:
         return self._decoded[1]
 
     def stream_text(self, model: Detokenizer) -> str:
-        """Its text as far as it may be published (pipelines/text_stream.py): all of it once
+        """Its text as far as it may be published (text_stream.py): all of it once
         finished."""
         if self.finished:
             return self.text
