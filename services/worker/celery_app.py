@@ -75,6 +75,8 @@ REQUEUE_PAUSE_SECONDS = 1.0
 @app.task(name=RUN_SUBREQUEST_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_subrequest(self, payload: dict) -> str:
     sub = SubRequest.from_task_arg(payload)
+    if _runtime is None:  # set up in the worker process's init signal, before any task
+        raise RuntimeError("the worker runtime has not started")
     try:
         return _runtime.handle(sub).value
     except (RedisConnectionError, RedisTimeoutError) as exc:

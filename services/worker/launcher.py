@@ -171,11 +171,13 @@ def supervise(settings: Settings, slots: list[Slot]) -> None:
     waiting out its backoff never holds up another's restart."""
     now = time.monotonic()
     for s in slots:
-        if s.restart_at is None and s.proc.poll() is not None:
+        proc = s.proc
+        assert proc is not None, "every slot was started before any is supervised"
+        if s.restart_at is None and proc.poll() is not None:
             delay = s.restart_delay()
             s.restart_at = now + delay
             log.warning("worker slot %d exited with %s%s; restarting in %ss", s.index,
-                        s.proc.returncode, "" if s.was_ready else " before it was ready", delay)
+                        proc.returncode, "" if s.was_ready else " before it was ready", delay)
         if s.restart_at is not None and now >= s.restart_at:
             s.restart_at = None
             start(settings, s, len(slots))

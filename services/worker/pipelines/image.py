@@ -23,14 +23,18 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
-from diffusers import (
-    DDIMScheduler,
-    DiffusionPipeline,
+
+# From their own modules: the package's lazy `__init__` shows the checker placeholder classes
+# with no attributes.
+from diffusers.models.unets.unet_2d import UNet2DModel
+from diffusers.pipelines.pipeline_utils import DiffusionPipeline
+from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import (
     StableDiffusionPipeline,
-    StableDiffusionXLPipeline,
-    UNet2DModel,
 )
-from diffusers.schedulers.scheduling_ddim import DDIMSchedulerOutput
+from diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl import (
+    StableDiffusionXLPipeline,
+)
+from diffusers.schedulers.scheduling_ddim import DDIMScheduler, DDIMSchedulerOutput
 
 from services.worker.engine import sync
 from services.worker.engine.buffers import BucketKey, capacity
@@ -258,7 +262,7 @@ class StableDiffusionXLImagePipeline(_LatentDiffusionPipeline):
         encoders = self._encoders()
         tokenize = PromptTokenizer([t for t, _ in encoders], pipe.maybe_convert_prompt)
         encode = EncodePromptsXL(
-            [e for _, e in encoders], bool(pipe.config.force_zeros_for_empty_prompt)
+            [e for _, e in encoders], bool(pipe.config["force_zeros_for_empty_prompt"])
         )
         return self._graph(
             Prepare(self, tokenize), encode, self.decoder, pipe.unet, self._new_scheduler
@@ -300,7 +304,12 @@ class NextTimestepDDIMScheduler(DDIMScheduler):
     wherever neither applies.
     """
 
-    def step(self, model_output, timestep, sample, eta=0.0, generator=None, return_dict=True):
+    def step(self, model_output: torch.Tensor, timestep: int, sample: torch.Tensor,
+             eta: float = 0.0, use_clipped_model_output: bool = False,
+             generator: torch.Generator | None = None, variance_noise: torch.Tensor | None = None,
+             return_dict: bool = True) -> DDIMSchedulerOutput | tuple:
+        # The noise estimate always matches the clipped estimate, and with eta 0 no variance
+        # noise is drawn: `use_clipped_model_output` and `variance_noise` change nothing here.
         if eta:
             raise ValueError("NextTimestepDDIMScheduler takes deterministic steps only (eta 0)")
         schedule = self.timesteps.tolist()
@@ -309,7 +318,7 @@ class NextTimestepDDIMScheduler(DDIMScheduler):
         alpha = self.alphas_cumprod[int(timestep)]
         alpha_prev = self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod
         signal, noise = alpha**0.5, (1 - alpha) ** 0.5
-        kind = self.config.prediction_type
+        kind = self.config["prediction_type"]
         if kind == "epsilon":
             x0, eps = (sample - noise * model_output) / signal, model_output
         elif kind == "v_prediction":
@@ -320,11 +329,11 @@ class NextTimestepDDIMScheduler(DDIMScheduler):
             eps = (sample - signal * x0) / noise
         else:
             raise ValueError(f"unknown prediction_type {kind!r}")
-        if self.config.thresholding or self.config.clip_sample:
-            if self.config.thresholding:
+        if self.config["thresholding"] or self.config["clip_sample"]:
+            if self.config["thresholding"]:
                 x0 = self._threshold_sample(x0)
             else:
-                x0 = x0.clamp(-self.config.clip_sample_range, self.config.clip_sample_range)
+                x0 = x0.clamp(-self.config["clip_sample_range"], self.config["clip_sample_range"])
             eps = (sample - signal * x0) / noise
         prev_sample = alpha_prev**0.5 * x0 + (1 - alpha_prev) ** 0.5 * eps
         if not return_dict:
@@ -352,7 +361,7 @@ class ClassDDPMImagePipeline(_ImagePipeline):
         self.scheduler_config = DDIMScheduler.load_config(
             path, subfolder="scheduler", local_files_only=True
         )
-        self.null_class = self.unet.config.num_class_embeds - 1
+        self.null_class = self.unet.config["num_class_embeds"] - 1
 
     def models(self) -> list[torch.nn.Module]:
         return [self.unet]
@@ -375,7 +384,7 @@ class ClassDDPMImagePipeline(_ImagePipeline):
         return label
 
     def check_size(self, width: int, height: int) -> None:
-        size = self.unet.config.sample_size
+        size = self.unet.config["sample_size"]
         if (width, height) != (size, size):
             raise ValueError(f"this model makes {size}x{size} images, not {width}x{height}")
 
@@ -387,16 +396,16 @@ class ClassDDPMImagePipeline(_ImagePipeline):
 
     def pool_buckets(self) -> list[BucketKey]:
         # The model makes one size only, whatever the registry's defaults say.
-        size = self.unet.config.sample_size
+        size = self.unet.config["sample_size"]
         top = capacity(self.spec.max_batch)
         return [self.bucket(1 << k, size, size) for k in range(top.bit_length())]
 
     def allocate(self, key: BucketKey) -> dict[str, Any]:
         cap, height, width = key
         device = self.device
-        channels = self.unet.config.in_channels
+        channels = self.unet.config["in_channels"]
         shape = (cap, channels, height, width)
-        out = (cap, height, width, self.unet.config.out_channels)
+        out = (cap, height, width, self.unet.config["out_channels"])
         return {
             "latents": torch.empty(shape, dtype=self.dtype, device=device),
             "noise_host": sync.pinned(shape, self.dtype, device),

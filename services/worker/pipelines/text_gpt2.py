@@ -14,24 +14,35 @@ library's forward (`fits`).
 """
 
 from dataclasses import dataclass
+from typing import TypeGuard, cast
 
 import torch
 import torch.nn.functional as F
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block, GPT2LMHeadModel
+from transformers.pytorch_utils import Conv1D
+
+from services.worker.engine.text_cache import SlotCache
 
 
 @dataclass(frozen=True)
 class _Block:
     ln_1: torch.nn.LayerNorm
-    c_attn: torch.nn.Module  # transformers' Conv1D: weight is (in, out)
-    c_proj: torch.nn.Module
+    c_attn: Conv1D  # weight is (in, out)
+    c_proj: Conv1D
     scaling: float
     ln_2: torch.nn.LayerNorm
-    c_fc: torch.nn.Module
+    c_fc: Conv1D
     act: torch.nn.Module
-    mlp_proj: torch.nn.Module
+    mlp_proj: Conv1D
+
+    @classmethod
+    def of(cls, block: GPT2Block) -> "_Block":
+        attn, mlp = block.attn, block.mlp
+        return cls(block.ln_1, attn.c_attn, attn.c_proj, attn.scaling, block.ln_2, mlp.c_fc,
+                   mlp.act, mlp.c_proj)
 
 
-def fits(model: torch.nn.Module) -> bool:
+def fits(model: torch.nn.Module) -> TypeGuard[GPT2LMHeadModel]:
     """Whether `GPT2Forward` gives this model's own logits: a GPT-2 LM head model with SDPA
     self-attention only (eager attention and cross-attention compute differently)."""
     config = model.config
@@ -42,19 +53,18 @@ def fits(model: torch.nn.Module) -> bool:
 
 
 class GPT2Forward:
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: GPT2LMHeadModel) -> None:
         self.transformer = model.transformer
         self.lm_head = model.lm_head
         config = model.config
-        self.width = config.hidden_size
-        self.heads = config.num_attention_heads
+        self.width: int = config.hidden_size
+        self.heads: int = config.num_attention_heads
         self.head_dim = self.width // self.heads
-        self.blocks = [_Block(b.ln_1, b.attn.c_attn, b.attn.c_proj, b.attn.scaling, b.ln_2,
-                              b.mlp.c_fc, b.mlp.act, b.mlp.c_proj)
-                       for b in self.transformer.h]
+        # A ModuleList yields plain Modules; GPT2Model fills it with GPT2Blocks only.
+        self.blocks = [_Block.of(cast(GPT2Block, b)) for b in self.transformer.h]
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                 cache) -> torch.Tensor:
+                 cache: SlotCache) -> torch.Tensor:
         """The last position's logits, (rows, vocab); `mask` is additive, (rows, 1, queries,
         keys); `cache.update` takes each layer's keys and values and gives back what to
         attend to."""
