@@ -25,6 +25,23 @@ async def test_a_secret_kept_in_redis_is_the_installations(aredis):
     assert await aredis.get(names.WEBHOOK_SECRET) == b"whsec_kept"
 
 
+async def test_a_secret_deleted_as_it_is_made_is_still_returned(aredis):
+    class DeletedAtOnce:
+        """Redis where the secret goes (an operator's DEL) as soon as it is written."""
+
+        async def set(self, *args, **kwargs):
+            reply = await aredis.set(*args, **kwargs)
+            await aredis.delete(names.WEBHOOK_SECRET)
+            return reply
+
+        def __getattr__(self, name):
+            return getattr(aredis, name)
+
+    secret = await installation_secret(DeletedAtOnce())
+    assert secret.startswith("whsec_")
+    Webhook(secret)
+
+
 async def test_an_outbox_without_a_configured_secret_signs_with_the_installations(
     aredis, store, settings
 ):
