@@ -31,15 +31,14 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 
 from services.worker import metrics
 from services.worker.engine import sync
-from services.worker.engine.batch import Batch, ShouldStop
+from services.worker.engine.batch import Batch
+from services.worker.engine.decoder_rows import Running, Settle, Waiting
 from services.worker.engine.model_code import StepModel
 from services.worker.engine.results import Result, TextResult
 from services.worker.engine.run_stops import RunStops
@@ -47,10 +46,10 @@ from services.worker.engine.scheduling import PLAIN, Ticket
 from services.worker.engine.settle import settle
 from services.worker.engine.start import OnStart, announce_start
 from services.worker.engine.stopped import PipelineStopped
-from services.worker.engine.text_rows import Row, Sequence
+from services.worker.engine.text_rows import Sequence
 from services.worker.engine.text_sampling import N_PARAMS, params_of, pick, uniforms_of
 from services.worker.engine.text_stream import OnText, TextUpdate
-from shared.messages import FinishReason, TextItem
+from shared.messages import FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -61,53 +60,6 @@ STEPS_PER_READ = 4
 # iteration would take at least this long: about what an extra iteration costs the host
 # (its read, its pass through the event loop, a prefill of fewer rows).
 JOIN_SOONER_S = 0.002
-
-
-@dataclass(eq=False)
-class Waiting:
-    item: TextItem
-    should_stop: ShouldStop | None
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    arrived: float = field(default_factory=time.monotonic)
-    withdrawn: Callable[[], bool] | None = None  # checked while waiting; never counts a step
-    # Runs alone: it was in an iteration that failed, or on the device when a worker was lost.
-    isolate: bool = False
-    tag: str | None = None  # the sub-request it is (engine/start.py)
-    charged: bool = False
-    on_text: OnText | None = None  # hears its text after each read that advanced it
-
-    @property
-    def gone(self) -> bool:
-        return self.future.done() or (self.withdrawn is not None and self.withdrawn())
-
-
-@dataclass(eq=False)
-class Running:
-    """A row in a cache slot; its slot is its index in `Decoder.running`."""
-
-    waiting: Waiting
-    row: Row
-    seq: Sequence
-    columns: int  # cache columns holding its tokens
-    # The cache column of its first token: its columns lie between it and the shared column
-    # (a prefill that moved the shared column on past the row leaves a masked-out gap).
-    first: int = 0
-    fed: int = 0  # tokens made and not yet read back
-    new: bool = True  # admitted this iteration: its first token came from the prefill
-    stopped_at: int | None = None  # tokens it had made when asked to stop
-
-    @property
-    def stopped(self) -> bool:
-        return self.stopped_at is not None
-
-    @property
-    def left(self) -> int:
-        """Tokens it may still make, as far as the host knows."""
-        return self.row.budget - self.seq.tokens - self.fed
-
-
-Settle = tuple[Waiting, TextResult | None, BaseException | None]
 
 
 class Decoder:

@@ -16,6 +16,7 @@ from services.worker.engine import decoder as decoder_module
 from services.worker.engine import sync, text_cache
 from services.worker.engine.batch import Batch
 from services.worker.engine.decoder import STEPS_PER_READ, Decoder
+from services.worker.engine.decoder_rows import Waiting
 from services.worker.engine.engine import Engine
 from services.worker.engine.scheduling import Ticket
 from services.worker.engine.stopped import PipelineStopped
@@ -441,7 +442,7 @@ def test_an_arrival_starts_soon_while_a_slot_is_free_for_it(pipeline: CausalLMTe
         assert not decoder.starts_soon()
         decoder.expected = 1
         # An isolated item runs alone: nothing arriving beside it starts soon.
-        decoder.waiting.append(decoder_module.Waiting(TextItem(prompt="a", max_new_tokens=2), None,
+        decoder.waiting.append(Waiting(TextItem(prompt="a", max_new_tokens=2), None,
                                                     other.create_future(), other,
                                                     isolate=True))
         assert not decoder.starts_soon()

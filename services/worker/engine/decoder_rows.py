@@ -1,0 +1,60 @@
+"""A continuous decoder's rows (decoder.py): items waiting for a cache slot, and rows running
+in one."""
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.worker.engine.batch import ShouldStop
+from services.worker.engine.results import TextResult
+from services.worker.engine.text_rows import Row, Sequence
+from services.worker.engine.text_stream import OnText
+from shared.messages import TextItem
+
+
+@dataclass(eq=False)
+class Waiting:
+    item: TextItem
+    should_stop: ShouldStop | None
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    arrived: float = field(default_factory=time.monotonic)
+    withdrawn: Callable[[], bool] | None = None  # checked while waiting; never counts a step
+    # Runs alone: it was in an iteration that failed, or on the device when a worker was lost.
+    isolate: bool = False
+    tag: str | None = None  # the sub-request it is (engine/start.py)
+    charged: bool = False
+    on_text: OnText | None = None  # hears its text after each read that advanced it
+
+    @property
+    def gone(self) -> bool:
+        return self.future.done() or (self.withdrawn is not None and self.withdrawn())
+
+
+@dataclass(eq=False)
+class Running:
+    """A row in a cache slot; its slot is its index in `Decoder.running`."""
+
+    waiting: Waiting
+    row: Row
+    seq: Sequence
+    columns: int  # cache columns holding its tokens
+    # The cache column of its first token: its columns lie between it and the shared column
+    # (a prefill that moved the shared column on past the row leaves a masked-out gap).
+    first: int = 0
+    fed: int = 0  # tokens made and not yet read back
+    new: bool = True  # admitted this iteration: its first token came from the prefill
+    stopped_at: int | None = None  # tokens it had made when asked to stop
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None
+
+    @property
+    def left(self) -> int:
+        """Tokens it may still make, as far as the host knows."""
+        return self.row.budget - self.seq.tokens - self.fed
+
+
+Settle = tuple[Waiting, TextResult | None, BaseException | None]
