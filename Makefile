@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 models: install
-	$(BIN)/python -m services.worker.modelbuild --models-dir models
+	$(BIN)/python -m modelbuild --models-dir models
 
 run: models
 	$(BIN)/python -m services.devstack.run
@@ -38,7 +38,7 @@ system-deps:
 	  else echo "promtool is missing: install Debian's prometheus package (sudo apt-get install prometheus)"; exit 1; fi; }
 
 # Types first: a wrong name or argument fails here in a minute, not in a test run of fifteen.
-TYPED := services shared
+TYPED := services shared benchmarks modelbuild
 
 typecheck: install
 	$(BIN)/mypy $(TYPED)
@@ -55,16 +55,16 @@ clean:
 # The peers section runs LitServe beside Fibermill: the `bench` extra installs it (no torch).
 bench: models
 	$(BIN)/python -m pip install -q -e ".[bench]"
-	$(BIN)/python -m services.devstack.bench
+	$(BIN)/python -m benchmarks
 
 # Fault injection: 1000 jobs over 6 minutes while a worker is killed every 8 s, and API
 # replicas and Redis are killed, restarted and frozen (docs/reliability.md).
 chaos: models
-	$(BIN)/python -m services.devstack.chaos --jobs 1000 --period 360 --steps 8 \
+	$(BIN)/python -m benchmarks.chaos.run --jobs 1000 --period 360 --steps 8 \
 	  --registry models/registry.yaml --out docs/chaos.md
 
 # On a machine with a CUDA GPU: the image graph against diffusers' own pipeline, sync counts,
 # and the text decoder against transformers' continuous batching and static generate.
 bench-gpu: $(STAMP)
-	$(BIN)/python -m services.devstack.bench_gpu --out docs/benchmarks-gpu.md
-	$(BIN)/python -m services.devstack.bench_decoders --out docs/benchmarks-gpu.md
+	$(BIN)/python -m benchmarks.gpu --out docs/benchmarks-gpu.md
+	$(BIN)/python -m benchmarks.decoders --out docs/benchmarks-gpu.md

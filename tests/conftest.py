@@ -93,8 +93,8 @@ async def store(aredis) -> JobStore:
 def model_dir(tmp_path_factory) -> Path:
     """The test models, built from configs (random weights), plus the committed demo models,
     and one model that raises when it runs."""
-    from services.worker.modelbuild.tiny_diffusion import build_tiny_sd, build_tiny_sdxl
-    from services.worker.modelbuild.tiny_gpt2 import build as build_tiny_gpt2
+    from modelbuild.tiny_diffusion import build_tiny_sd, build_tiny_sdxl
+    from modelbuild.tiny_gpt2 import build as build_tiny_gpt2
 
     d = tmp_path_factory.mktemp("models")
     build_tiny_gpt2(d / "tiny-gpt2")

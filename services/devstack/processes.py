@@ -28,14 +28,14 @@ def start_workers(env: Mapping[str, str], **popen) -> subprocess.Popen:
 
 
 def wait_ready(base_url: str, timeout: float = 120.0, workers: int = 1,
-               procs: list[subprocess.Popen] = ()) -> dict:
+               procs: Sequence[subprocess.Popen] = ()) -> dict:
     """Poll /readyz until it reports at least `workers` live workers."""
     deadline = time.time() + timeout
     last = "no answer"
     while time.time() < deadline:
         for p in procs:
             if p.poll() is not None:
-                raise RuntimeError(f"{p.args} exited with {p.returncode} before ready")
+                raise RuntimeError(f"{p.args!r} exited with {p.returncode} before ready")
         try:
             with urllib.request.urlopen(f"{base_url}/readyz", timeout=2) as r:
                 body = json.loads(r.read())
@@ -75,7 +75,7 @@ def frozen(procs: Sequence[subprocess.Popen]) -> Iterator[None]:
         if p.poll() is not None:
             continue
         if os.getpgid(p.pid) != p.pid:
-            raise ValueError(f"{p.args} does not lead a process group of its own")
+            raise ValueError(f"{p.args!r} does not lead a process group of its own")
         groups.append(p.pid)
     for g in groups:
         os.killpg(g, signal.SIGSTOP)

@@ -173,7 +173,8 @@ def main() -> int:
         time.sleep(1)
         for p in procs:
             if p.poll() is not None:
-                print(f"{p.args[:3]} exited with {p.returncode}; stopping")
+                shown = p.args[:3] if isinstance(p.args, list) else p.args
+                print(f"{shown!r} exited with {p.returncode}; stopping")
                 shutdown()
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.worker.modelbuild.digits import CLASSES
+from modelbuild.digits import CLASSES
 from services.worker.pipelines.image import (
     ClassDDPMImagePipeline,
     StableDiffusionImagePipeline,

@@ -11,9 +11,9 @@ from diffusers import UNet2DConditionModel
 from PIL import Image
 from prometheus_client import REGISTRY
 
+from modelbuild.tiny_diffusion import build_tiny_sd
 from services.worker import metrics
 from services.worker.engine.engine import Engine
-from services.worker.modelbuild.tiny_diffusion import build_tiny_sd
 from services.worker.pipelines.image import StableDiffusionImagePipeline
 from shared.messages import ImageItem
 from shared.registry import ModelSpec

@@ -9,8 +9,7 @@ from shared.settings import REPO_ROOT
 PACKAGE = REPO_ROOT / "services" / "worker"
 # Imported where used so that a worker serving only text models never imports diffusers, and
 # the model builders only what they build.
-DEFERRED_ON_PURPOSE = {"services.worker.pipelines.factory", "services.worker.modelbuild.digits",
-                       "services.worker.modelbuild.pydoc_gpt2"}
+DEFERRED_ON_PURPOSE = {"services.worker.pipelines.factory"}
 
 
 def _module(path: Path) -> str:
@@ -100,8 +99,8 @@ def test_only_exits_ends_the_process():
 
 # What of the engine drives a model: pipelines offer model code (engine/model_code.py) and
 # never see how it is scheduled.
-SCHEDULING = {"batcher", "decoder", "decoder_rows", "engine", "factory", "graph_runner",
-              "run_stops", "scheduler", "scheduling", "settle", "start"}
+SCHEDULING = {"batcher", "decoder", "engine", "factory", "graph_runner", "run_stops", "scheduler",
+              "scheduling", "settle", "start"}
 
 
 def _all_imports() -> dict[str, set[str]]:

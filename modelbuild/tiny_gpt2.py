@@ -1,0 +1,41 @@
+"""A GPT-2 language model from a tiny config with random weights: fast, deterministic, for tests.
+
+Its output is gibberish; what it is for is exercising the text path (tokenize, pad, batch,
+generate, stop) with a real `GPT2LMHeadModel` in well under a second.
+"""
+
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
+
+from modelbuild.tokenizers import train_gpt2_tokenizer
+
+SEED = 0
+MAX_POSITIONS = 1024
+
+
+def build(out_dir: Path) -> None:
+    """Write model, tokenizer and generation config to `out_dir` (created if missing)."""
+    out_dir = Path(out_dir)
+    tokenizer = train_gpt2_tokenizer(model_max_length=MAX_POSITIONS)
+    eos = tokenizer.eos_token_id
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=MAX_POSITIONS,
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    # A private RNG state: the weights depend only on SEED, and the caller's RNG is untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = GPT2LMHeadModel(config).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
+    )
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
