@@ -1,9 +1,9 @@
 """One worker process: its device, its loaded models, and the event loop its work runs on.
 
 Celery's thread pool hands each sub-request to `WorkerRuntime.handle`, which runs it on the
-runtime's own asyncio loop. Each model has an engine (batcher + operator pipeline) whose model
-runs on a single-thread device executor, so a model object is never run by two threads at once
-however many sub-requests are in flight.
+runtime's own asyncio loop. Each model has an engine (its pipeline's model code, scheduled by a
+batcher or a continuous decoder) whose model runs on a single-thread device executor, so a
+model object is never run by two threads at once however many sub-requests are in flight.
 
 The runtime only assembles its parts, all built in `__init__` and none importing it back:
 
