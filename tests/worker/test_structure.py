@@ -99,8 +99,8 @@ def test_only_exits_ends_the_process():
 
 # What of the engine drives a model: pipelines offer model code (engine/model_code.py) and
 # never see how it is scheduled.
-SCHEDULING = {"batcher", "decoder", "engine", "factory", "graph_runner", "run_stops", "scheduler",
-              "scheduling", "settle", "start"}
+SCHEDULING = {"batcher", "decoder", "decoder_rows", "engine", "factory", "graph_runner",
+              "run_stops", "scheduler", "scheduling", "settle", "start"}
 
 
 def _all_imports() -> dict[str, set[str]]:
