@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import setuptools
 
 from shared.settings import REPO_ROOT
 from tests.deploy import facts, k8s
@@ -145,22 +146,34 @@ def test_worker_image_keeps_the_torch_it_installs_first():
     assert args["TORCH_VERSION"] == facts.extra_pin("worker", "torch")
 
 
-def test_dockerignore_keeps_the_context_small_but_complete():
-    patterns = [
+# Tooling no image runs: benchmarks, model building, and the local stack of `make run`.
+TOOLING = ("benchmarks", "modelbuild", "services/devstack")
+
+
+def dockerignore_patterns() -> list[str]:
+    return [
         line.strip()
         for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
+
+
+def ignored(path: str) -> bool:
+    """Whether the build context leaves `path` out: a pattern matches it or a folder above it
+    (a left-out folder takes its contents with it)."""
+    parts = path.split("/")
+    return any(
+        fnmatch.fnmatch("/".join(parts[:i]), p.rstrip("/"))
+        for i in range(1, len(parts) + 1)
+        for p in dockerignore_patterns()
+        if not p.startswith("!")
+    )
+
+
+def test_dockerignore_keeps_the_context_small_but_complete():
+    patterns = dockerignore_patterns()
     for needed in (".venv", ".git", "models/tiny-*", "run", ".pytest_cache"):
         assert needed in patterns or needed + "/" in patterns, needed
-
-    def ignored(path: str) -> bool:
-        return any(
-            fnmatch.fnmatch(path, p.rstrip("/"))
-            or fnmatch.fnmatch(path.split("/")[0], p.rstrip("/"))
-            for p in patterns
-            if not p.startswith("!")
-        )
 
     for path in DOCKERFILES:
         for op, args in instructions(path):
@@ -169,3 +182,24 @@ def test_dockerignore_keeps_the_context_small_but_complete():
                     assert not ignored(source), f"{path}: COPY {source} is in .dockerignore"
     # what `pip install .` reads
     assert not ignored("pyproject.toml") and not ignored("README.md")
+
+
+def test_the_build_context_leaves_the_tooling_out():
+    for path in TOOLING:
+        assert ignored(path), f"{path} is in the images' build context"
+        assert ignored(f"{path}/__init__.py"), path
+    assert not ignored("services/api/app.py") and not ignored("services/worker/launcher.py")
+
+
+def test_the_wheel_carries_no_tooling():
+    """The packages `pip install .` puts in the wheel, found as setuptools finds them from
+    pyproject's [tool.setuptools.packages.find]."""
+    find = facts.pyproject()["tool"]["setuptools"]["packages"]["find"]
+    finder = (setuptools.find_namespace_packages if find.get("namespaces", True)
+              else setuptools.find_packages)
+    packages = finder(str(REPO_ROOT), include=find["include"], exclude=find.get("exclude", ()))
+    assert {"shared", "services.api", "services.worker", "services.cli"} <= set(packages)
+    tooling = [p for p in packages
+               if p.split(".")[0] in ("benchmarks", "modelbuild")
+               or p == "services.devstack" or p.startswith("services.devstack.")]
+    assert not tooling, tooling
