@@ -130,6 +130,7 @@ def install(app: FastAPI) -> None:
         app.openapi_schema = doc
         return doc
 
+    # FastAPI's documented way to replace the schema, which its types declare a method.
     app.openapi = openapi  # type: ignore[method-assign]
 
 

@@ -47,6 +47,7 @@ from services.api.batches.store import FINAL, OPEN_STATUSES, LeaseLost
 from services.api.batches.webhook import BatchWebhooks
 from services.api.openai import translate
 from services.api.openai.errors import error_body, openai_error
+from services.api.openai.schemas import ImageGenerationRequest
 from shared import names
 from shared.asyncio_compat import raise_if_cancelled
 from shared.blobstore.keys import UNOWNED, hour_of
@@ -379,7 +380,9 @@ class BatchDriver:
         if rec.status == JobStatus.SUCCEEDED:
             try:
                 req = translate.parse(line.url, line.body)
-                body = translate.text_response(req, rec)  # type: ignore[arg-type]
+                if isinstance(req, ImageGenerationRequest):  # jsonl.check lets text lines only
+                    raise InvalidInput("url", f"{line.url} is not a batch endpoint")
+                body = translate.text_response(req, rec)
             except InvalidInput as exc:  # the line no longer parses (a newer server)
                 status, body = openai_error(exc, 400)
                 return False, lines.response_line(batch_id, line, status, body, rec.id)
