@@ -21,37 +21,33 @@ tiny-gpt2), sends `n` one-prompt jobs (4 new tokens) from a few concurrent async
 - jobs/s over the run.
 
 `measure(Target(...), QueueLoad(...))` is the part other benchmarks can call with a stack of
-their own. `--celery-noop` measures a bare Celery task (same configuration, no-op body) for
-reference: what kombu's publish and consume cost per message on their own.
+their own. `--celery-noop` adds a bare Celery task for reference (celery_noop.py).
 """
 
 import argparse
 import asyncio
 import os
-import re
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 import urllib.request
-from collections import Counter
-from contextlib import suppress
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
 
+from benchmarks.procstat import (
+    children,
+    cpu_seconds,
+    is_model_thread,
+    python_thread_names,
+    thread_cpu_seconds,
+    thread_group,
+)
+from benchmarks.redis_stats import Monitor, commandstats, connections_received, delta
 from benchmarks.stack import bench_stack
-from services.devstack.processes import stop
-from services.devstack.redis_server import free_port, start_redis
 
 FINAL = {"succeeded", "failed", "canceled"}
-TICKS = os.sysconf("SC_CLK_TCK")
 MODEL = "tiny-gpt2"
 
 
@@ -94,152 +90,6 @@ class _Round:
     threads: dict[str, float]  # worker CPU ms per job, by thread group
     model: float  # of which the model's threads
     cpu: dict[str, float]  # CPU ms per job, by role
-
-
-# Processes ------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), in seconds; 0 once it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = raw.rsplit(")", 1)[1].split()  # fields[0] is field 3 (state)
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """utime + stime of each thread of a process, by thread id."""
-    out: dict[int, float] = {}
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw.rsplit(")", 1)[1].split()
-        out[tid] = (int(fields[11]) + int(fields[12])) / TICKS
-    return out
-
-
-def python_thread_names(pid: int) -> dict[int, str]:
-    """Thread id -> Python thread name, from `py-spy dump` (a dev tool: {} without it)."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    try:
-        out = subprocess.run([spy, "dump", "-p", str(pid)], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {int(m.group(1)): m.group(2)
-            for m in re.finditer(r'^Thread (\d+) \(\w+\): "([^"]*)"', out, re.M)}
-
-
-def is_model_thread(name: str) -> bool:
-    """The threads that run the model: the device thread and the CPU operators' pool."""
-    return name.startswith(("device-", "cpu-op"))
-
-
-def thread_group(name: str) -> str:
-    """What a worker thread does, by its Python name."""
-    if is_model_thread(name):
-        return "model (device, cpu-op threads)"
-    if name == "MainThread":
-        return "Celery consumer (kombu, main thread)"
-    if name.startswith("ThreadPoolExecutor"):
-        return "Celery pool threads"
-    if name == "runtime-loop":
-        return "runtime loop (handler, leases, engine intake)"
-    return "other threads"
-
-
-def children(pid: int) -> list[int]:
-    """Direct children of `pid`, from /proc."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(raw.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(entry.name))
-    return sorted(out)
-
-
-# Redis ----------------------------------------------------------------------------------------
-
-
-def commandstats(r: redis.Redis) -> dict[str, tuple[int, int]]:
-    """command -> (calls, usec), without INFO itself (the measurement's own)."""
-    out = {}
-    for key, v in r.info("commandstats").items():
-        name = key.removeprefix("cmdstat_")
-        if name in ("info", "monitor"):
-            continue
-        out[name] = (int(v["calls"]), int(v["usec"]))
-    return out
-
-
-def _delta(after: dict, before: dict) -> dict[str, tuple[int, int]]:
-    out = {}
-    for name, (calls, usec) in after.items():
-        c0, u0 = before.get(name, (0, 0))
-        if calls - c0:
-            out[name] = (calls - c0, usec - u0)
-    return out
-
-
-def connections_received(r: redis.Redis) -> int:
-    return int(r.info("stats")["total_connections_received"])
-
-
-class Monitor:
-    """MONITOR in a thread: top-level commands vs commands run inside scripts."""
-
-    LINE = re.compile(r'^[\d.]+ \[\d+ ([^\]]+)\] "([^"]+)"')
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.top: Counter[str] = Counter()
-        self.lua: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._conn = redis.Redis(port=port, socket_timeout=0.5)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "Monitor":
-        self._mon = self._conn.monitor().__enter__()
-        self._thread.start()
-        time.sleep(0.2)
-        return self
-
-    def _run(self) -> None:
-        conn = self._mon.connection
-        while not self._stop.is_set():
-            try:
-                raw = conn.read_response()
-            except (redis.TimeoutError, TimeoutError):
-                continue
-            except Exception:
-                return
-            line = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-            m = self.LINE.match(line)
-            if not m:
-                continue
-            who, cmd = m.group(1), m.group(2).lower()
-            if cmd in ("info", "monitor"):
-                continue
-            (self.lua if who == "lua" else self.top)[cmd] += 1
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        with suppress(Exception):
-            self._conn.close()
 
 
 # Load -----------------------------------------------------------------------------------------
@@ -398,7 +248,7 @@ def measure(target: Target, load: QueueLoad) -> dict[str, Any]:
     time.sleep(load.idle_seconds)
     c1, s1, t1 = cpu(), commandstats(r), time.monotonic()
     idle_s = t1 - t0
-    idle_cmds = sum(c for c, _ in _delta(s1, s0).values()) / idle_s
+    idle_cmds = sum(c for c, _ in delta(s1, s0).values()) / idle_s
     idle_cpu = {k: (c1[k] - c0[k]) / idle_s for k in c0}
 
     # Load: `repeat` rounds of n jobs; commands over all of them, CPU and rate the median round.
@@ -421,9 +271,9 @@ def measure(target: Target, load: QueueLoad) -> dict[str, Any]:
     page1 = scrape(target.metrics_url)
     jobs = n * repeat
     elapsed = statistics.median(x.seconds for x in rounds)
-    delta = _delta(s1, s0)
-    by_cmd = {k: c / jobs for k, (c, _) in sorted(delta.items(), key=lambda kv: -kv[1][0])}
-    usec = {k: u / jobs for k, (_, u) in delta.items()}
+    by_name = delta(s1, s0)
+    by_cmd = {k: c / jobs for k, (c, _) in sorted(by_name.items(), key=lambda kv: -kv[1][0])}
+    usec = {k: u / jobs for k, (_, u) in by_name.items()}
     cpu_ms = {k: statistics.median(x.cpu[k] for x in rounds) for k in rounds[0].cpu}
     batches = (metric_sum(page1, "fibermill_batch_size_count")
                - metric_sum(page0, "fibermill_batch_size_count"))
@@ -433,7 +283,7 @@ def measure(target: Target, load: QueueLoad) -> dict[str, Any]:
     out: dict[str, Any] = {
         "n": n, "repeat": repeat, "clients": clients, "seconds": elapsed,
         "jobs_per_s": n / elapsed, "polls": polls, "failed": failed,
-        "commands_per_job": sum(c for c, _ in delta.values()) / jobs,
+        "commands_per_job": sum(c for c, _ in by_name.values()) / jobs,
         "commands_by_cmd": by_cmd, "redis_usec_by_cmd": usec,
         "background_commands_per_job": idle_cmds * elapsed / n,
         "idle_commands_per_s": idle_cmds,
@@ -457,102 +307,6 @@ def measure(target: Target, load: QueueLoad) -> dict[str, Any]:
         out["top_level_by_cmd"] = {k: v / monitor_jobs for k, v in mon.top.most_common()}
         out["in_scripts_by_cmd"] = {k: v / monitor_jobs for k, v in mon.lua.most_common()}
     return out
-
-
-# Celery on its own ----------------------------------------------------------------------------
-
-
-def __getattr__(name: str) -> Any:
-    # `celery -A benchmarks.queue_cost:noop_app worker`: built on first use only.
-    if name == "noop_app":
-        app = _make_noop_app()
-        globals()["noop_app"] = app
-        return app
-    raise AttributeError(name)
-
-
-def _make_noop_app():
-    from shared.celery_config import make_celery
-    from shared.settings import get_settings
-
-    app = make_celery(get_settings(), name="bench-noop")
-
-    @app.task(name="bench.noop", acks_late=True, reject_on_worker_lost=True)
-    def noop(payload: dict) -> None:
-        return None
-
-    return app
-
-
-def measure_celery_noop(n: int = 300, concurrency: int = 16) -> dict:
-    """Commands per message for a bare Celery task with the project's configuration: publish
-    (as shared/sending.py does) and consume (acks_late, thread pool, prefetch 1). Publishing is
-    measured on a queue nobody consumes, consuming as what a consumed message costs beyond it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        rport = free_port()
-        redis_proc = start_redis(rport, Path(tmp), appendonly=False)
-        env = {**os.environ, "FIBERMILL_REDIS_URL": f"redis://127.0.0.1:{rport}/0"}
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "benchmarks.queue_cost:noop_app",
-             "worker", "-P", "threads", "-c", str(concurrency), "-Q", "bench.noop",
-             "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "--loglevel", "WARNING"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        r = redis.Redis(port=rport)
-        from shared.settings import get_settings
-        saved = os.environ.get("FIBERMILL_REDIS_URL")
-        try:
-            os.environ["FIBERMILL_REDIS_URL"] = env["FIBERMILL_REDIS_URL"]
-            get_settings.cache_clear()
-            app = _make_noop_app()
-
-            def send(k: int, queue: str) -> None:
-                with app.producer_or_acquire() as producer:
-                    for _ in range(k):
-                        app.send_task("bench.noop", args=[{}], queue=queue,
-                                      producer=producer, priority=5)
-
-            def drained() -> None:
-                deadline = time.time() + 60
-                while time.time() < deadline:
-                    if not r.llen("bench.noop:5") and not r.hlen("unacked"):
-                        return
-                    time.sleep(0.05)
-                raise TimeoutError("the no-op worker did not drain its queue")
-
-            time.sleep(3)  # the worker connects
-            send(20, "bench.noop")
-            drained()
-            time.sleep(1)
-            s0, t0 = commandstats(r), time.monotonic()
-            time.sleep(2)
-            idle = (sum(c for c, _ in _delta(commandstats(r), s0).values())
-                    / (time.monotonic() - t0))
-            s0 = commandstats(r)
-            p0 = time.process_time()
-            send(n, "bench.held")  # nobody consumes it
-            pub_ms = (time.process_time() - p0) * 1000 / n
-            s_pub = commandstats(r)
-            w0, r0 = cpu_seconds(worker.pid), cpu_seconds(redis_proc.pid)
-            send(n, "bench.noop")
-            drained()
-            w1, r1 = cpu_seconds(worker.pid), cpu_seconds(redis_proc.pid)
-            s1 = commandstats(r)
-            app.close()
-        finally:
-            if saved is None:
-                os.environ.pop("FIBERMILL_REDIS_URL", None)
-            else:
-                os.environ["FIBERMILL_REDIS_URL"] = saved
-            get_settings.cache_clear()
-            stop([worker, redis_proc])
-    pub = {k: c / n for k, (c, _) in _delta(s_pub, s0).items()}
-    both = {k: c / n for k, (c, _) in _delta(s1, s_pub).items() if k not in ("llen", "hlen")}
-    consume = {k: v - pub.get(k, 0) for k, v in both.items() if v - pub.get(k, 0) > 0.005}
-    return {"n": n, "publish_by_cmd": pub, "consume_by_cmd": consume,
-            "idle_commands_per_s": idle, "publish_cpu_ms": pub_ms,
-            "worker_cpu_ms": (w1 - w0) * 1000 / n, "redis_cpu_ms": (r1 - r0) * 1000 / n,
-            "total_per_message": sum(pub.values()) + sum(consume.values())}
 
 
 # Report ---------------------------------------------------------------------------------------
@@ -610,19 +364,6 @@ def report(r: dict) -> list[str]:
     return lines
 
 
-def report_noop(r: dict) -> list[str]:
-    lines = [f"Bare Celery no-op task, {r['n']} messages (publish as shared/sending.py, consume "
-             f"with the worker's settings): {r['total_per_message']:.1f} commands per message; "
-             f"idle {r['idle_commands_per_s']:.1f} commands/s. CPU per message: publish "
-             f"{r['publish_cpu_ms']:.2f} ms (sender), consume {r['worker_cpu_ms']:.2f} ms "
-             f"(worker), Redis {r['redis_cpu_ms']:.2f} ms (publish and consume)", "",
-             "| side | command | per message |", "|---|---|---|"]
-    for side in ("publish", "consume"):
-        for k, v in sorted(r[f"{side}_by_cmd"].items(), key=lambda kv: -kv[1]):
-            lines.append(f"| {side} | {k} | {v:.2f} |")
-    return lines
-
-
 def run(load: QueueLoad, model: bool = True) -> dict[str, Any]:
     """The whole measurement on a stack of its own, with the in-process model run beside it
     (`model`) for the queue-path figure."""
@@ -652,7 +393,9 @@ def main() -> None:
         print("\n".join(report(r)))
     if args.celery_noop or args.no_stack:
         print()
-        print("\n".join(report_noop(measure_celery_noop(args.n))))
+        from benchmarks import celery_noop
+
+        print("\n".join(celery_noop.report(celery_noop.measure(args.n))))
 
 
 if __name__ == "__main__":
