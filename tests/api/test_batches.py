@@ -373,8 +373,25 @@ async def test_a_batch_whose_input_copy_is_gone_fails_and_is_not_retried(env):
     assert not await env.redis.sismember(names.BATCHES_ACTIVE, batch_id)
 
 
-async def test_past_its_window_a_batch_expires_without_reading_its_input(env, monkeypatch):
+async def test_past_its_window_a_batch_without_its_input_copy_expires(env):
     batch_id = await _running_without_its_input_copy(env)
+    await env.redis.hset(names.batch_key(batch_id), "expires_at", int(time.time()) - 1)
+    driver = env.driver("two")
+    await driver.tick()
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "expired" and h["expired_at"]
+    jobs = await env.jobs(batch_id)
+    assert len(jobs) == 2
+    for job_id in jobs.values():  # submitted by the first replica, canceled by this one
+        assert (await env.store.get(job_id)).status == JobStatus.CANCELED
+    await driver.tick()
+    assert batch_id not in driver.held
+    assert not await env.redis.sismember(names.BATCHES_ACTIVE, batch_id)
+
+
+async def test_past_its_window_a_validating_batch_expires_without_reading_its_input(
+        env, monkeypatch):
+    batch_id = await env.batch(2)
     await env.redis.hset(names.batch_key(batch_id), "expires_at", int(time.time()) - 1)
     opened: list[str] = []
     real_open = env.blobs.open
@@ -384,18 +401,31 @@ async def test_past_its_window_a_batch_expires_without_reading_its_input(env, mo
         return await real_open(key)
 
     monkeypatch.setattr(env.blobs, "open", spy)
-    driver = env.driver("two")
+    driver = env.driver("one")
     await driver.tick()
     h = await env.batches.find(batch_id)
     assert h["status"] == "expired" and h["expired_at"]
     assert opened == []
-    jobs = await env.jobs(batch_id)
-    assert len(jobs) == 2
-    for job_id in jobs.values():  # submitted by the first replica, canceled by this one
-        assert (await env.store.get(job_id)).status == JobStatus.CANCELED
+    assert await env.jobs(batch_id) == {}
     await driver.tick()
-    assert batch_id not in driver.held
     assert not await env.redis.sismember(names.BATCHES_ACTIVE, batch_id)
+
+
+async def test_past_its_window_a_taken_over_batch_names_every_unfinished_line(env):
+    batch_id = await env.batch(3)
+    await env.driver("one", batch_max_in_flight=2).tick()
+    first = await env.jobs(batch_id)
+    await env.succeed(first[0])
+    await env.batches.release(batch_id, "one")  # the replica that ran it leaves
+    await env.redis.hset(names.batch_key(batch_id), "expires_at", int(time.time()) - 1)
+    await env.driver("two").tick()
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "expired"
+    assert [x["custom_id"] for x in await env.lines(h["output_file_id"])] == ["c0"]
+    errors = await env.lines(h["error_file_id"])
+    assert [x["custom_id"] for x in errors] == ["c1", "c2"]
+    assert {x["error"]["code"] for x in errors} == {"batch_expired"}
+    assert (await env.store.get(first[1])).status == JobStatus.CANCELED
 
 
 async def test_the_input_file_may_be_deleted_once_the_batch_runs(env):

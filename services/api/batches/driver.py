@@ -313,17 +313,8 @@ class BatchDriver:
 
     async def _load(self, d: Driven, h: dict[str, str]) -> bool:
         """The batch's input and its lines' progress, once per driver; False when the batch
-        has no input (cancelled while validating): it is ended now."""
-        if d.content is not None:
-            return True
-        key = h.get("input_key")
-        content = None
-        if key:
-            try:
-                content = await (await self.blobs.open(key)).read()
-            except BlobNotFound:
-                content = None
-        if content is None:
+        has no input (cancelled while validating, or its copy is gone): it is ended now."""
+        if not await self._read_input(d, h):
             if h["status"] == "cancelling":
                 await self.batches.transition(d.batch_id, "cancelling", "cancelled")
             else:
@@ -331,6 +322,20 @@ class BatchDriver:
                     d.batch_id, ("in_progress", "finalizing"), "failed",
                     errors=lines.validation_errors("input_file_id", "file_not_found",
                                    "the batch's copy of its input is gone"))
+            return False
+        return True
+
+    async def _read_input(self, d: Driven, h: dict[str, str]) -> bool:
+        """Read the batch's input copy and its lines' progress, once per driver; False when
+        there is no copy to read."""
+        if d.content is not None:
+            return True
+        key = h.get("input_key")
+        if not key:
+            return False
+        try:
+            content = await (await self.blobs.open(key)).read()
+        except BlobNotFound:
             return False
         d.content, d.spans = content, jsonl.index(content)
         d.pending, d.done = await self.batches.progress(d.batch_id)
@@ -447,10 +452,12 @@ class BatchDriver:
     # Ending -----------------------------------------------------------------------------------
 
     async def _expire(self, d: Driven, h: dict[str, str], status: str) -> None:
-        """Past its window: stopped as a cancel would, when this driver has its input in
-        memory. Otherwise the input is not read just to end the batch: its lines' jobs are
-        canceled and its files hold the lines that were done; the others are in neither."""
-        if d.content is not None:
+        """Past its window, decided before anything of the batch runs or is read: a batch
+        still validating ends with no lines (its input is never read); one in progress is
+        stopped as a cancel would, its input read only to name each unfinished line in the
+        error file (every custom_id in exactly one file). When its copy is gone, its lines'
+        jobs are canceled and its files hold the lines that were done."""
+        if status != "validating" and await self._read_input(d, h):
             await self._stop(d, h, EXPIRED)
         else:
             pending, _done = await self.batches.progress(d.batch_id)
