@@ -13,6 +13,7 @@ from modelbuild import pydoc_gpt2
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
+from tests.worker.engines import engine_for
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "pydoc-gpt2"
 
@@ -73,7 +74,7 @@ def test_greedy_continuations_are_mostly_english_words(pipeline, documents) -> N
     # Docstrings are mostly one short sentence, so a greedy continuation is often a few words
     # and EOS; several prompts together give enough words to judge.
     prompts = [*pydoc_gpt2.PROMPTS, "If the", "This function", "Return True if"]
-    results = pipeline.run([TextItem(prompt=p, max_new_tokens=32) for p in prompts])
+    results = engine_for(pipeline).run([TextItem(prompt=p, max_new_tokens=32) for p in prompts])
     total = 0
     for result in results:
         words = [token.strip(string.punctuation) for token in result.text.split()]
