@@ -51,3 +51,8 @@ def raw_list(reply: object) -> list[bytes]:
 def raw_hash(reply: Mapping[bytes | str, bytes | str]) -> dict[bytes, bytes]:
     """A hash as HGETALL read it, by a client that does not decode."""
     return {raw(k): raw(v) for k, v in reply.items()}
+
+
+def text_hash(reply: Mapping[bytes, bytes] | Mapping[bytes | str, bytes | str]) -> dict[str, str]:
+    """A hash as HGETALL read it, as text; empty when the hash is gone."""
+    return {text(k): text(v) for k, v in reply.items()}

@@ -1,7 +1,7 @@
 """How long things are kept, as rules both the sweeper and the API apply.
 
 A finished job's record stays in Redis for `finished_job_ttl_seconds` after it finished (its
-keys' TTL, set by FINALIZE). Outputs stay in the blob store, filed by the UTC hour their job was
+keys' TTL, set by finalize.lua). Outputs stay in the blob store, filed by the UTC hour their job was
 made, until `output_ttl_seconds` after that hour ends: at least the TTL after the job was made,
 at most an hour more. Ids say when their job was made (shared/job_ids.py), so either rule can be
 applied to an id whose record is gone.

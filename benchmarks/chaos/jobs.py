@@ -3,7 +3,7 @@
 Every job has its seed in the body, so the quiet phase's output for the same body is what the
 job must give however many times its sub-requests were killed, re-sent or batched with others.
 Texts are sampled (each row draws from its own seeded stream, whatever rows it is batched
-with: pipelines/text_decoder.py) and must match exactly; images may differ by one level per
+with: engine/decoder.py) and must match exactly; images may differ by one level per
 pixel channel, the rounding that a different batch size gives on the CPU (the engine's own
 batched-equals-alone tests allow the same), and by nothing more.
 """

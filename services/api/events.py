@@ -1,7 +1,7 @@
 """A job's live events, for the SSE stream and for `Prefer: wait`.
 
 Events are published on a per-job Redis channel (best effort), and the id of every job that
-becomes final on one shared channel (`names.FINAL_CHANNEL`, by FINALIZE in the same step). Each
+becomes final on one shared channel (`names.FINAL_CHANNEL`, by finalize.lua in the same step). Each
 API process listens on ONE pub/sub connection, the `EventHub`: it is always subscribed to the
 final channel and, while an event stream watches a job, to that job's channel, and it hands
 what it hears to the waiters of this process. A `Prefer: wait` therefore costs no Redis command

@@ -23,7 +23,7 @@ class Lifecycle:
     async def finish(self, rec: JobRecord, status: JobStatus, error: JobError | None = None,
                      results: dict[int, SubResult] | None = None) -> bool:
         """Make the job final once, keeping the outputs already done; only the caller whose
-        change wins counts it and notifies. FINALIZE itself, in the same step, tells the live
+        change wins counts it and notifies. finalize.lua itself, in the same step, tells the live
         listeners and, unless the job succeeded, the workers (drop what is left of it)."""
         return await self._finish(rec, status, error, results) is not None
 

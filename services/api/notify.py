@@ -1,8 +1,8 @@
 """Tell the world a job changed: live events for SSE and `Prefer: wait` (Redis pub/sub, best
 effort), and webhooks (the durable outbox).
 
-A job's final change is announced by FINALIZE itself (its id on `names.FINAL_CHANNEL`, in the
-same step), and its first start by ACQUIRE_LEASE (a `status` event on its channel): what is left
+A job's final change is announced by finalize.lua itself (its id on `names.FINAL_CHANNEL`, in the
+same step), and its first start by acquire_lease.lua (a `status` event on its channel): what is left
 here is progress, the `start` of a job whose start is also a webhook, and the outbox."""
 
 import redis.asyncio as aioredis
@@ -39,7 +39,7 @@ class Notifier:
         await self.outbox.enqueue(rec, "progress")
 
     async def completed(self, rec: JobRecord) -> None:
-        """The job became final here. FINALIZE has told every replica's listeners already;
+        """The job became final here. finalize.lua has told every replica's listeners already;
         this replica's own waiters are also handed the record, so they need not read it."""
         if self.hub is not None:
             self.hub.finished_here(rec)

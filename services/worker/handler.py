@@ -90,7 +90,7 @@ class Handler:
             return outcome
         finally:
             self.flights.remove(sub.member)
-            if not stored:  # STORE_RESULT releases the lease it stores under
+            if not stored:  # store_result.lua releases the lease it stores under
                 await self.store.release_lease(sub.member, self.worker_id)
 
     async def started(self, members: list[str]) -> None:

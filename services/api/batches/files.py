@@ -19,7 +19,7 @@ from redis.typing import EncodableT, FieldT
 
 from services.api.batches import listing
 from services.api.batches.errors import FileNotFound
-from shared import names
+from shared import names, redis_replies
 from shared.blobstore.base import BlobStore
 from shared.blobstore.blob import Blob
 from shared.blobstore.keys import UNOWNED, check_key, hour_of, hour_prefix
@@ -76,7 +76,7 @@ class FileMeta:
 
 
 def _meta(raw: Mapping[bytes, bytes] | Mapping[bytes | str, bytes | str]) -> FileMeta | None:
-    h = listing.decoded(raw)
+    h = redis_replies.text_hash(raw)
     if "id" not in h:
         return None
     return FileMeta(id=h["id"], bytes=int(h["bytes"]), created_at=int(h["created_at"]),

@@ -2,10 +2,12 @@
 sort by time, are listed by lex range), each object in its own hash. An id whose hash expired is
 dropped from the set as the listing meets it."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+
+from shared import redis_replies
 
 T = TypeVar("T")
 READ_AHEAD = 100  # ids read per round, so that filtered or expired ones cost few round trips
@@ -25,7 +27,7 @@ async def page(redis: aioredis.Redis, index: str, key_of: Callable[[str], str],
             got = await redis.zrevrangebylex(index, bound, "-", start=0, num=batch)
         else:
             got = await redis.zrangebylex(index, bound, "+", start=0, num=batch)
-        ids = [text(i) for i in got]
+        ids = [redis_replies.text(i) for i in got]
         if not ids:
             break
         async with redis.pipeline(transaction=False) as pipe:
@@ -46,12 +48,3 @@ async def page(redis: aioredis.Redis, index: str, key_of: Callable[[str], str],
             break
     return found[:limit], len(found) > limit
 
-
-def text(reply: bytes | str) -> str:
-    """A Redis string reply as text (redis-py types it either way; these clients get bytes)."""
-    return reply.decode() if isinstance(reply, bytes) else reply
-
-
-def decoded(raw: Mapping[bytes, bytes] | Mapping[bytes | str, bytes | str]) -> dict[str, str]:
-    """A hash as HGETALL gives it, as text; empty when the hash is gone."""
-    return {text(k): text(v) for k, v in raw.items()}

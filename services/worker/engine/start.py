@@ -1,6 +1,6 @@
 """Telling the worker what is about to start on the device, before it starts.
 
-The worker charges an attempt to each sub-request as it starts (shared/lua.py CHARGE_ATTEMPTS):
+The worker charges an attempt to each sub-request as it starts (shared/redis_scripts/scripts/charge_attempts.lua):
 when a worker is lost, only what it was running pays for it, and a sub-request that crashes
 every worker that runs it still runs out of attempts. So the charge must land before the device
 runs the batch, and each delivery is charged once however often the engine re-runs it (alone,
