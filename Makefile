@@ -43,7 +43,7 @@ TYPED := services shared benchmarks modelbuild
 typecheck: install
 	$(BIN)/mypy $(TYPED)
 
-test: install system-deps typecheck
+test: install system-deps lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -15,6 +15,9 @@ from pydantic import BaseModel, Field, model_validator
 from shared.errors import ModelNotFound, UnknownModel
 
 Task = Literal["text-generation", "image-generation"]
+# `auto`: bf16 on a GPU that has it, else fp16; float32 on the CPU
+# (services/worker/pipelines/dtypes.py).
+DType = Literal["auto", "float32", "float16", "bfloat16"]
 
 
 class ModelKind(StrEnum):
@@ -58,7 +61,7 @@ class ModelSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     kind: ModelKind
     path: Path
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    dtype: DType = "auto"
     description: str = ""
     limits: Limits = Limits()
     defaults: Defaults = Defaults()

@@ -1,10 +1,10 @@
 """Telling the worker what is about to start on the device, before it starts.
 
-The worker charges an attempt to each sub-request as it starts (shared/redis_scripts/scripts/charge_attempts.lua):
-when a worker is lost, only what it was running pays for it, and a sub-request that crashes
-every worker that runs it still runs out of attempts. So the charge must land before the device
-runs the batch, and each delivery is charged once however often the engine re-runs it (alone,
-after its batch failed).
+The worker charges an attempt to each sub-request as it starts
+(shared/redis_scripts/scripts/charge_attempts.lua): when a worker is lost, only what it was
+running pays for it, and a sub-request that crashes every worker that runs it still runs out
+of attempts. So the charge must land before the device runs the batch, and each delivery is
+charged once however often the engine re-runs it (alone, after its batch failed).
 
 That charge is a Redis round trip between two decode iterations, while the device waits. So a
 text item that will join the very next iteration (`Arrival.starts_soon`: its engine has a slot

@@ -18,9 +18,8 @@ from services.worker import metrics
 from services.worker.engine.buffers import BucketKey, BufferPool
 from services.worker.engine.graph import Graph
 from services.worker.engine.model_code import GraphCode, ModelCode
+from services.worker.pipelines.dtypes import resolve_dtype
 from shared.registry import ModelSpec
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class Pipeline(ABC):
@@ -29,7 +28,7 @@ class Pipeline(ABC):
     def __init__(self, spec: ModelSpec, device: torch.device) -> None:
         self.spec = spec
         self.device = device
-        self.dtype = DTYPES[spec.dtype]
+        self.dtype = resolve_dtype(spec.dtype, device)
         self.device_executor = ThreadPoolExecutor(1, thread_name_prefix=f"device-{spec.name}")
 
     def setup(self) -> None:
