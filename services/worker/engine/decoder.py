@@ -36,7 +36,7 @@ from typing import Any, cast
 import torch
 
 from services.worker import metrics
-from services.worker.engine import sync
+from services.worker.engine import device_faults, sync
 from services.worker.engine.batch import Batch
 from services.worker.engine.decoder_rows import Running, Settle, Waiting
 from services.worker.engine.model_code import StepModel
@@ -163,7 +163,10 @@ class Decoder:
                 settles = await loop.run_in_executor(self.p.device_executor, self._iterate,
                                                      admit)
             except Exception as exc:
-                settles = self._failed(admit, exc)
+                if device_faults.is_sticky(exc):
+                    settles = self._lost(admit, exc)
+                else:
+                    settles = self._failed(admit, exc)
             for waiting, result, error in settles:
                 if waiting.loop is loop:
                     settle(waiting.future, result, error)
@@ -203,13 +206,16 @@ class Decoder:
         held = [r for r in self.running if not r.stopped]
         settles: list[Settle] = [(r.waiting, None, PipelineStopped()) for r in self.running
                                  if r.stopped]
-        rows = [r.waiting for r in held] + admit
+        # A row admitted in this iteration is already running once its prefill has run:
+        # counted twice, it could never fail alone, and ran again isolated without end.
+        running = {id(r.waiting) for r in self.running}
+        rows = [r.waiting for r in held] + [w for w in admit if id(w) not in running]
         self.running.clear()
         self.cache.column = 0
         if len(rows) == 1 and (rows[0].isolate or not settles):
             log.warning("a %s text row failed alone: %s: %s", self.p.spec.name,
                         type(exc).__name__, exc)
-            return [*settles, (rows[0], None, exc)]
+            return [*settles, (rows[0], None, device_faults.failed_alone(exc, "a text row"))]
         log.warning("a %s decode iteration with %d rows failed (%s: %s); running them alone",
                     self.p.spec.name, len(rows), type(exc).__name__, exc)
         metrics.BATCHES_ISOLATED.labels(self.p.spec.name).inc()
@@ -217,6 +223,19 @@ class Decoder:
             w.isolate = True
             self.waiting.appendleft(w)
         return settles
+
+    def _lost(self, admit: list[Waiting], exc: Exception) -> list[Settle]:
+        """The device failed for good (device_faults.py): no row runs again here; every row
+        held or waiting fails with `DeviceLost`, which the worker hands back before exiting."""
+        log.critical("a %s decode iteration hit a sticky device error: %s: %s",
+                     self.p.spec.name, type(exc).__name__, exc)
+        running = {id(r.waiting) for r in self.running}
+        rows = [r.waiting for r in self.running] + [w for w in admit if id(w) not in running]
+        rows += self.waiting
+        self.running.clear()
+        self.waiting.clear()
+        self.cache.column = 0
+        return [(w, None, device_faults.lost(exc)) for w in rows]
 
     # Device thread side ----------------------------------------------------------------------
 

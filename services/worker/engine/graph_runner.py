@@ -3,13 +3,15 @@
 
 A group from the batcher runs as one batch; when it fails with more than one item, each item
 runs again alone, so a failing batch fails exactly the items that fail alone (an item's result
-is the same alone or batched) and the engine keeps serving.
+is the same alone or batched) and the engine keeps serving. Out of memory is handled the same
+way, and a sticky device error runs nothing again (device_faults.py).
 """
 
 import asyncio
 import logging
 
 from services.worker import metrics
+from services.worker.engine import device_faults
 from services.worker.engine.batch import Batch
 from services.worker.engine.batcher import Pending
 from services.worker.engine.model_code import GraphModel
@@ -54,8 +56,15 @@ class GraphRunner:
         try:
             await self._run_group(group)
         except Exception as exc:
+            if device_faults.is_sticky(exc):
+                # Nothing runs again on this device: each item goes back (handler.py).
+                log.critical("a batch of %d %s items hit a sticky device error: %s: %s",
+                             len(group), self.name, type(exc).__name__, exc)
+                for p in group:
+                    settle(p.future, None, device_faults.lost(exc))
+                return
             if len(group) == 1:
-                settle(group[0].future, None, exc)
+                settle(group[0].future, None, device_faults.failed_alone(exc, "an item"))
                 return
             log.warning("a batch of %d %s items failed (%s: %s); running them one by one",
                         len(group), self.name, type(exc).__name__, exc)
@@ -66,7 +75,11 @@ class GraphRunner:
                 try:
                     await self._run_group([p])
                 except Exception as alone:
-                    settle(p.future, None, alone)
+                    if device_faults.is_sticky(alone):
+                        for q in group:
+                            settle(q.future, None, device_faults.lost(alone))
+                        return
+                    settle(p.future, None, device_faults.failed_alone(alone, "an item"))
 
     async def _run_group(self, group: list[Pending]) -> None:
         """Run the group as one batch and settle every future; raise what failed it."""
