@@ -48,6 +48,29 @@ class InvalidInput(FibermillError):
         return exc
 
 
+class ContextLengthExceeded(InvalidInput):
+    """A prompt and the tokens asked for past the model's context: refused, never cut.
+    `completion` is None when the budget was left out and the prompt alone leaves no room.
+    OpenAI's paths word it as OpenAI does (services/api/openai/errors.py)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, field: str, model: str, context: int, prompt: int,
+                 completion: int | None) -> None:
+        if completion is None:
+            message = (f"is {prompt} tokens long, which leaves no room for a new token in "
+                       f"model {model}'s context of {context} tokens")
+        else:
+            message = (f"is {prompt} tokens long; with max_new_tokens {completion} that is "
+                       f"{prompt + completion} tokens, above model {model}'s context of "
+                       f"{context} tokens")
+        super().__init__(field, message)
+        self.model = model
+        self.context = context
+        self.prompt = prompt
+        self.completion = completion
+
+
 class UnknownModel(InvalidInput):
     code = "unknown_model"
 
@@ -160,8 +183,15 @@ class DeadlineExceeded(FibermillError):
     code = "deadline_exceeded"
 
 
-class ModelFilesMissing(FibermillError):
-    """A registry entry whose model folder does not exist on this worker."""
+class ModelNotLoadable(FibermillError):
+    """A registry entry that this worker cannot load: said in one line that names the model's
+    folder and what is wrong with it, and the worker exits."""
+
+    code = "model_not_loadable"
+
+
+class ModelFilesMissing(ModelNotLoadable):
+    """A registry entry whose model folder, or a file the model needs, does not exist here."""
 
     code = "model_files_missing"
 

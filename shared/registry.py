@@ -2,6 +2,8 @@
 
 The registry is a YAML file (`FIBERMILL_MODEL_REGISTRY`) read by both the API (to validate and
 route) and the workers (to load). Relative model paths are resolved against the file's folder.
+A model's `path` is its folder, or a Hugging Face cache folder (`models--org--name`), or, with
+`hf_cache`, a repo id in that cache (shared/model_files.py finds the files).
 """
 
 from enum import StrEnum
@@ -61,6 +63,10 @@ class ModelSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     kind: ModelKind
     path: Path
+    # A Hugging Face cache (the folder that holds `models--org--name`): `path` is then a repo
+    # id in it, and `revision` the ref (refs/<revision>) or commit of its snapshot.
+    hf_cache: Path | None = None
+    revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     dtype: DType = "auto"
     description: str = ""
     limits: Limits = Limits()
@@ -81,6 +87,8 @@ class ModelSpec(BaseModel):
     # Causal LMs that chat: a Jinja chat template in the Hugging Face format (`messages`,
     # `add_generation_prompt`), rendered by the API into the job's prompt.
     chat_template: str | None = None
+    # Causal LMs: prompt plus new tokens at most; the model's own (its config.json) when None.
+    max_context: int | None = Field(None, ge=2)
 
     @property
     def task(self) -> Task:
@@ -93,6 +101,9 @@ class ModelSpec(BaseModel):
         if self.batch_invariant and self.task != "image-generation":
             # Text rows are equal alone and batched up to rounding only (docs/architecture.md).
             raise ValueError(f"model {self.name}: `batch_invariant` is for image models")
+        if self.hf_cache is not None and len(self.path.parts) != 2:
+            raise ValueError(f"model {self.name}: with `hf_cache`, `path` is a repo id such "
+                             f"as Qwen/Qwen2.5-0.5B-Instruct, not {str(self.path)!r}")
         return self
 
 
@@ -119,8 +130,11 @@ class ModelRegistry(BaseModel):
         models = {}
         for name, spec in (raw.get("models") or {}).items():
             spec = {**spec, "name": name}
-            model_path = Path(spec.get("path", name))
-            spec["path"] = model_path if model_path.is_absolute() else base / model_path
+            if spec.get("hf_cache") is not None:  # `path` is a repo id, not a folder
+                spec["hf_cache"] = base / Path(spec["hf_cache"])
+            else:
+                model_path = Path(spec.get("path", name))
+                spec["path"] = model_path if model_path.is_absolute() else base / model_path
             models[name] = ModelSpec.model_validate(spec)
         return cls(models=models)
 
