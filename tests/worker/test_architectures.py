@@ -1,0 +1,61 @@
+"""The architecture matrix: each causal-LM architecture the text pipeline loads, decoded by the
+engine's continuous decoder with prompts of different lengths batched together, gives every
+row the greedy tokens of transformers' own `generate` on that prompt alone."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.worker.engine.engine import Engine
+from services.worker.pipelines.factory import build_pipeline
+from services.worker.pipelines.text import CausalLMTextPipeline
+from shared.messages import TextItem
+from shared.registry import ModelKind, ModelSpec
+from tests.worker.tiny_architectures import ARCHITECTURES, build
+
+# Of different lengths, so that the shorter ones are padded in the shared prefill.
+PROMPTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog, and then",
+    "Return a new list of the items",
+    "If the",
+    "Split the string at every comma and strip each part of its whitespace",
+]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="session")
+def architecture_dirs(model_dir: Path, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("architectures")
+    dirs = {}
+    for name in ARCHITECTURES:
+        build(name, model_dir / "tiny-gpt2", root / name)
+        dirs[name] = root / name
+    return dirs
+
+
+def _generate(pipe: CausalLMTextPipeline, prompt: str) -> list[int]:
+    ids = pipe.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = pipe.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                  pad_token_id=pipe.pad_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_batched_greedy_rows_equal_generate_alone(architecture: str,
+                                                  architecture_dirs: dict[str, Path]) -> None:
+    spec = ModelSpec(name=f"tiny-{architecture}", kind=ModelKind.CAUSAL_LM,
+                     path=architecture_dirs[architecture], max_batch=len(PROMPTS))
+    pipe = build_pipeline(spec, torch.device("cpu"))
+    assert isinstance(pipe, CausalLMTextPipeline)
+    pipe.setup()
+    assert pipe.model.config.model_type == architecture.replace("-", "_")
+    expected = [_generate(pipe, p) for p in PROMPTS]
+    # min_new_tokens kept EOS out of `generate`'s tokens; the decoder must run as long.
+    pipe.eos_ids = frozenset()
+    results = Engine(pipe).run([TextItem(prompt=p, max_new_tokens=NEW_TOKENS) for p in PROMPTS])
+    assert [r.tokens for r in results] == [NEW_TOKENS] * len(PROMPTS)
+    assert [r.text for r in results] == [pipe.decode(e) for e in expected]
