@@ -113,6 +113,19 @@ def model_dir(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory) -> Path:
+    """A Hugging Face cache holding `fibermill/tiny-chat` (modelbuild/tiny_chat.py: a Qwen2
+    with a 64-token context and its chat template in the tokenizer), as the hub lays it out."""
+    from modelbuild.tiny_chat import build
+    from tests.hub_cache import write_hub_cache
+
+    d = tmp_path_factory.mktemp("hub")
+    build(d / "tiny-chat")
+    write_hub_cache(d / "tiny-chat", d / "hf", "fibermill/tiny-chat")
+    return d / "hf"
+
+
 def _broken_copy(src: Path, dst: Path) -> None:
     """tiny-gpt2 with its embedding cut to 8 tokens while its tokenizer still has them all:
     loading works, and running any real prompt raises inside the model (IndexError)."""

@@ -20,7 +20,7 @@ from services.worker.metrics_server import serve_metrics
 from services.worker.quiet import quiet_libraries
 from services.worker.runtime import WorkerRuntime
 from shared.celery_config import make_celery
-from shared.errors import ModelFilesMissing
+from shared.errors import ModelNotLoadable
 from shared.messages import SubRequest
 from shared.names import RUN_SUBREQUEST_TASK
 from shared.registry import load_registry
@@ -40,7 +40,7 @@ def _load(**_) -> None:
     try:
         _runtime = WorkerRuntime(settings, load_registry(settings.model_registry), app)
         _runtime.start()
-    except ModelFilesMissing as exc:
+    except ModelNotLoadable as exc:
         log.critical("worker cannot start: %s", exc)
         exit_worker(ExitReason.MODELS_FAILED_TO_LOAD)
     except Exception:

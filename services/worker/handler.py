@@ -14,7 +14,7 @@ from services.worker.engine.stopped import PipelineStopped
 from services.worker.flights import Flights, InFlight
 from services.worker.outputs import OutputWriter
 from services.worker.progress import ProgressPublisher
-from shared.errors import BlobStoreUnavailable, ModelError
+from shared.errors import BlobStoreUnavailable, InvalidInput, ModelError
 from shared.failures import dead_lettered, time_limit_exceeded
 from shared.inputs import TextOutput
 from shared.job import JobStatus
@@ -133,7 +133,9 @@ class Handler:
                                          self.worker_id, flight.started)
         except Exception as exc:  # a failing model fails its own sub-request, not the worker
             log.exception("sub-request %s failed", sub.member)
-            result.error = JobError(code=ModelError.code, message=f"{type(exc).__name__}: {exc}")
+            # An input the model refuses (a prompt past its context) keeps its own code.
+            code = exc.code if isinstance(exc, InvalidInput) else ModelError.code
+            result.error = JobError(code=code, message=f"{type(exc).__name__}: {exc}")
             outcome = Outcome.FAILED
         if blob is not None:
             try:

@@ -170,9 +170,18 @@ def test_model_error_is_stored_and_worker_goes_on(runtime, job):
     assert runtime.handle(_sub(1)) == "succeeded"
 
 
+def test_a_prompt_past_the_context_fails_with_its_own_code_not_cut(runtime, job):
+    # The API refuses it first; a job that reaches a worker anyway fails clearly.
+    job()
+    assert runtime.handle(_sub(prompt="word " * 1100, max_new_tokens=3)) == "failed"
+    err = _results(runtime)[0].error
+    assert err.code == "context_length_exceeded"
+    assert "tiny-gpt2's context of 1024 tokens" in err.message
+
+
 def test_time_limit_stops_a_long_run(runtime, job):
     job()
-    sub = _sub(max_new_tokens=100_000)
+    sub = _sub(max_new_tokens=1000)  # within the context: a longer one is refused
     with ThreadPoolExecutor(1) as pool:
         outcome = pool.submit(runtime.handle, sub)
         deadline = time.monotonic() + 30
@@ -180,7 +189,7 @@ def test_time_limit_stops_a_long_run(runtime, job):
             assert time.monotonic() < deadline and not outcome.done(), "it never started"
             time.sleep(0.001)
         # Past its limit at the heartbeat's next check, whatever this machine's speed: the
-        # tiny model writes its 1,021 tokens in well under the 1 s limit.
+        # tiny model writes its 1,000 tokens in well under the 1 s limit.
         next(iter(runtime.flights)).deadline = time.time() - 1
         runtime.call(runtime.heartbeat.enforce_time_limits())
         assert outcome.result(timeout=10) == "time_limit"

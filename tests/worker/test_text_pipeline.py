@@ -8,7 +8,9 @@ import torch
 
 from services.worker.engine.batch import Batch
 from services.worker.engine.stopped import PipelineStopped
+from services.worker.pipelines.factory import build_pipeline
 from services.worker.pipelines.text import CausalLMTextPipeline
+from shared.errors import ContextLengthExceeded
 from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
 from tests.worker.engines import engine_for
@@ -150,13 +152,15 @@ def test_should_stop_raises_between_steps(pipeline: CausalLMTextPipeline) -> Non
 
 
 def test_results_count_the_prompt_tokens_the_model_read(pipeline: CausalLMTextPipeline) -> None:
-    long_prompt = " ".join(["word"] * 1200)  # kept to the model's last 1,023 positions
+    long_prompt = " ".join(["word"] * 500)  # read whole: 1,000 tokens, 3 short of the context
     items = [TextItem(prompt=p, max_new_tokens=6) for p in PROMPTS]
     items += [TextItem(prompt=long_prompt, max_new_tokens=3),
               TextItem(prompt=PROMPTS[0], max_new_tokens=15, stop=["e", "a", "o"])]
+    long_tokens = len(pipeline.tokenizer(long_prompt)["input_ids"])
+    assert long_tokens + 3 <= pipeline.context
     results = engine_for(pipeline).run(items)
     expected = [len(pipeline.tokenizer(p)["input_ids"]) for p in PROMPTS]
-    assert [r.prompt_tokens for r in results] == [*expected, pipeline.cache_len - 1, expected[0]]
+    assert [r.prompt_tokens for r in results] == [*expected, long_tokens, expected[0]]
     assert results[-1].finish_reason == "stop"
     # A row asked to stop counts them too, in what it had made.
     calls = 0
@@ -169,3 +173,41 @@ def test_results_count_the_prompt_tokens_the_model_read(pipeline: CausalLMTextPi
     batch = Batch(items[:2], [None, stop_soon])
     _, stopped = asyncio.run(engine_for(pipeline).run_async(batch))
     assert (stopped.finish_reason, stopped.prompt_tokens) == ("canceled", expected[1])
+
+
+def test_a_prompt_past_the_context_is_refused_not_cut(pipeline: CausalLMTextPipeline) -> None:
+    long_prompt = " ".join(["word"] * 500)  # 1,000 tokens
+    tokens = len(pipeline.tokenizer(long_prompt)["input_ids"])
+    assert pipeline.start(TextItem(prompt=long_prompt, max_new_tokens=1024 - tokens)).prompt \
+        == pipeline.tokenizer(long_prompt)["input_ids"]  # at the limit: read whole
+    with pytest.raises(ContextLengthExceeded) as refused:
+        pipeline.start(TextItem(prompt=long_prompt, max_new_tokens=1025 - tokens))
+    e = refused.value
+    assert (e.context, e.prompt, e.completion) == (1024, tokens, 1025 - tokens)
+    assert e.code == "context_length_exceeded" and "1025 tokens" in e.message
+
+
+def test_the_registrys_max_context_is_the_limit(model_dir: Path) -> None:
+    spec = ModelSpec(name="tiny-gpt2-32", kind=ModelKind.CAUSAL_LM,
+                     path=model_dir / "tiny-gpt2", max_context=32)
+    pipe = build_pipeline(spec, torch.device("cpu"))
+    pipe.load()
+    assert pipe.context == pipe.cache_len == 32
+    with pytest.raises(ContextLengthExceeded, match="context of 32 tokens"):
+        pipe.start(TextItem(prompt=PROMPTS[1], max_new_tokens=30))
+
+
+@pytest.mark.parametrize("entry", ["repo id", "cache folder"])
+def test_a_hugging_face_cache_snapshot_loads_offline(hub_cache: Path, entry: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    where = ({"path": "fibermill/tiny-chat", "hf_cache": hub_cache} if entry == "repo id"
+             else {"path": hub_cache / "models--fibermill--tiny-chat"})
+    spec = ModelSpec(name="tiny-chat", kind=ModelKind.CAUSAL_LM, **where)
+    pipe = build_pipeline(spec, torch.device("cpu"))
+    pipe.setup()
+    assert pipe.spec.path.parent.name == "snapshots" and pipe.context == 64  # its config's
+    (result,) = engine_for(pipe).run([TextItem(prompt=PROMPTS[1], max_new_tokens=6)])
+    assert (result.finish_reason, result.tokens) == ("length", 6)
+    with pytest.raises(ContextLengthExceeded, match="context of 64 tokens"):
+        pipe.start(TextItem(prompt=PROMPTS[1], max_new_tokens=60))

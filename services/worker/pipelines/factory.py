@@ -3,16 +3,15 @@
 import torch
 
 from services.worker.pipelines.base import Pipeline
-from shared.errors import ModelFilesMissing
+from shared.model_files import checked_folder
 from shared.registry import ModelKind, ModelSpec
 
 
 def build_pipeline(spec: ModelSpec, device: torch.device) -> Pipeline:
-    if not spec.path.is_dir():
-        # Said before any library tries the folder name as a model hub id.
-        raise ModelFilesMissing(
-            f"model {spec.name}: {spec.path} does not exist (the registry's `path`); "
-            "`make models` builds the demo and test models")
+    """The pipeline of `spec`'s kind, given the model's own folder (a cache's snapshot
+    resolved): the files are checked here, so that a missing one is named in a line rather
+    than by whatever a library fails with."""
+    spec = spec.model_copy(update={"path": checked_folder(spec), "hf_cache": None})
     # Imported here so that a worker serving only text models never imports diffusers.
     if spec.kind == ModelKind.CAUSAL_LM:
         from services.worker.pipelines.text import CausalLMTextPipeline

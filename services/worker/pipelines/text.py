@@ -13,14 +13,19 @@ import threading
 from typing import cast
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+from services.worker.engine.kv_budget import Budget, budget_bytes
 from services.worker.engine.model_code import StepCode
-from services.worker.engine.text_cache import Shape, SlotCache
+from services.worker.engine.text_cache import PagedCache, Shape, Sizing
 from services.worker.engine.text_rows import Row
 from services.worker.pipelines.base import Pipeline
 from services.worker.pipelines.text_gpt2 import GPT2Forward, fits
+from services.worker.pipelines.text_masks import layer_masks
+from shared.errors import ContextLengthExceeded
 from shared.messages import TextItem
+from shared.model_files import context_length
+from shared.settings import get_settings
 
 # Cache columns per slot when the model does not say how many positions it has.
 DEFAULT_CACHE_LEN = 2048
@@ -45,19 +50,24 @@ class CausalLMTextPipeline(Pipeline):
         self.lean = GPT2Forward(self.model) if fits(self.model) else None
         self.eos_ids = _eos_ids(tokenizer, model)
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
-        # A slot holds the longest sequence the model can take, so every row fits.
-        self.cache_len = self.max_positions or DEFAULT_CACHE_LEN
+        # The context the API measures prompts against (shared/model_files.py reads the same
+        # config), so both refuse the same prompts.
+        self.context: int = context_length(self.spec) or self.max_positions or DEFAULT_CACHE_LEN
+        # A slot holds the longest sequence a row may have, so every row fits.
+        self.cache_len = self.context
         # Tokenizing may touch the tokenizer's settings; callers on two threads must not mix.
         self._encode_lock = threading.Lock()
 
     def prepare(self) -> None:
-        """Nothing: the KV-cache slots belong to the decoder that runs the model, which
-        allocates them once (`slot_cache`)."""
+        """Nothing: the KV cache belongs to the decoder that runs the model, which allocates
+        it once (`kv_cache`)."""
 
     def model_code(self) -> StepCode:
         return StepCode(self)
 
-    def slot_cache(self, slots: int) -> SlotCache:
+    def kv_cache(self, rows: int) -> PagedCache:
+        """Sized once the weights are loaded: on a GPU the budget is a share of what they
+        left free (engine/kv_budget.py)."""
         text = self.model.config.get_text_config(decoder=True)
         heads = text.num_attention_heads
         shape = Shape(
@@ -65,10 +75,15 @@ class CausalLMTextPipeline(Pipeline):
             kv_heads=getattr(text, "num_key_value_heads", None) or heads,
             head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
         )
-        return SlotCache(shape, slots, self.cache_len, self.dtype, self.device)
+        settings = get_settings()
+        budget = Budget(self.spec.kv_cache_bytes, settings.kv_cache_bytes,
+                        settings.gpu_memory_utilization)
+        sizing = Sizing(rows=rows, context=self.cache_len,
+                        budget=budget_bytes(budget, self.device))
+        return PagedCache(shape, sizing, self.dtype, self.device, self.spec.name)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                cache: SlotCache) -> torch.Tensor:
+                cache: PagedCache) -> torch.Tensor:
         """One KV-cached forward; the last position's logits, (rows, vocab). `mask` is
         (rows, 1, queries, keys), True where a query may attend. It reaches the model as an
         additive float mask, built once for all layers: PyTorch's CPU attention is an order of
@@ -76,13 +91,22 @@ class CausalLMTextPipeline(Pipeline):
         rows over 70 keys), and eager attention can only add one. A GPT-2 runs through
         `GPT2Forward` (text_gpt2.py), the same ops without the library's per-call
         work."""
-        mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
-            ~mask, torch.finfo(self.dtype).min)
         if self.lean is not None:
-            return self.lean(ids, mask, positions, cache)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+            return self.lean(ids, self._additive(mask), positions, cache)
+        masks = layer_masks(self.text_config, mask, positions)
+        additive = ({kind: self._additive(m) for kind, m in masks.items()}
+                    if isinstance(masks, dict) else self._additive(masks))
+        out = self.model(input_ids=ids, attention_mask=additive, position_ids=positions,
                          cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :]
+
+    @property
+    def text_config(self) -> PretrainedConfig:
+        return self.model.config.get_text_config(decoder=True)
+
+    def _additive(self, mask: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(self.dtype).min)
 
     def start(self, item: TextItem) -> Row:
         """An item's prompt ids and budget."""
@@ -92,10 +116,13 @@ class CausalLMTextPipeline(Pipeline):
             # The model needs at least one token to predict from.
             bos = self.tokenizer.bos_token_id
             ids = [self.tokenizer.eos_token_id if bos is None else bos]
-        # Keep the most recent context and stop at the model's position limit.
-        ids = ids[-(self.cache_len - 1):]
-        budget = min(item.max_new_tokens, self.cache_len - len(ids))
-        return Row(item=item, prompt=ids, budget=budget)
+        # Refused, never cut: the API measured it already, so only a job that bypassed it
+        # (or a registry changed since) gets here. A row must also fit its KV-cache slot.
+        limit = min(self.context, self.cache_len)
+        if len(ids) + item.max_new_tokens > limit:
+            raise ContextLengthExceeded("input.prompts", self.spec.name, limit, len(ids),
+                                        item.max_new_tokens)
+        return Row(item=item, prompt=ids, budget=item.max_new_tokens)
 
     def decode(self, ids: list[int]) -> str:
         # One sequence of ids decodes to one string (a batch of them, to a list).

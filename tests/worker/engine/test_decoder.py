@@ -21,6 +21,7 @@ from services.worker.engine.engine import Engine
 from services.worker.engine.scheduling import Ticket
 from services.worker.engine.stopped import PipelineStopped
 from services.worker.pipelines.text import CausalLMTextPipeline
+from shared.errors import ContextLengthExceeded
 from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
 from tests.worker.engines import engine_for
@@ -257,7 +258,7 @@ def test_staggered_arrivals_through_compaction_match_alone(model_dir: Path, loop
                                                           monkeypatch: pytest.MonkeyPatch):
     # A short cache fills up: rows' columns are moved to the front while others decode.
     pipe = _pipeline(model_dir, name="tiny-gpt2-short-cache", cache_len=48, max_batch=4)
-    items = random_items(40, seed=1)
+    items = random_items(40, seed=1, max_tokens=24)  # each within a slot: 24 + 24 tokens
     reference = alone(pipe, items)
     compactions = 0
     compact = text_cache.SlotCache.compact
@@ -361,17 +362,25 @@ def test_empty_prompt_starts_from_bos(pipeline: CausalLMTextPipeline) -> None:
     assert (result.text, result.finish_reason, result.tokens) == ("", "stop", 1)
 
 
-def test_position_limit_beside_a_short_prompt(pipeline: CausalLMTextPipeline) -> None:
-    # A prompt at the position limit leaves it one token; the short one beside it goes on.
+def test_a_prompt_past_the_context_fails_beside_a_short_prompt(pipeline: CausalLMTextPipeline,
+                                                               loop: Loop) -> None:
+    # Refused, never cut to its tail; the short one beside it goes on.
     long_prompt = " ".join(["word"] * 1200)
     assert len(pipeline.tokenizer(long_prompt)["input_ids"]) > 1024
     items = [
         TextItem(prompt=long_prompt, max_new_tokens=20),
         TextItem(prompt=PROMPTS[1], max_new_tokens=20, temperature=1.0, seed=7),
     ]
-    batched = engine_for(pipeline).run(items)
-    assert batched == alone(pipeline, items)
-    assert [(r.finish_reason, r.tokens) for r in batched] == [("length", 1), ("length", 20)]
+    engine = engine_for(pipeline)
+
+    async def both():
+        return await asyncio.gather(*(engine.submit(i) for i in items), return_exceptions=True)
+
+    refused, short = loop.run(both())
+    assert isinstance(refused, ContextLengthExceeded) and refused.context == 1024
+    assert refused.code == "context_length_exceeded"
+    assert short == alone(pipeline, items[1:])[0]
+    assert (short.finish_reason, short.tokens) == ("length", 20)
 
 
 def test_early_stop_on_eos_retires_the_row(pipeline: CausalLMTextPipeline,
