@@ -23,6 +23,8 @@ SEED = 0
 POSITIONS = 256
 HIDDEN = 64
 LAYERS = 2
+# Shorter than the longest prompt, so that the layers that slide do here.
+WINDOW = 8
 # (query heads, key/value heads) for the architectures with grouped-query attention.
 GQA = {"num_attention_heads": 4, "num_key_value_heads": 2}
 
@@ -33,9 +35,10 @@ def _configs(vocab: int) -> dict[str, PretrainedConfig]:
     return {
         "llama": LlamaConfig(**common, **GQA),
         "qwen2": Qwen2Config(**common, **GQA),
-        "mistral": MistralConfig(**common, **GQA, sliding_window=None),
-        "phi3": Phi3Config(**common, **GQA, original_max_position_embeddings=POSITIONS),
-        "gemma2": Gemma2Config(**common, **GQA, head_dim=16, sliding_window=POSITIONS),
+        "mistral": MistralConfig(**common, **GQA, sliding_window=WINDOW),
+        "phi3": Phi3Config(**common, **GQA, original_max_position_embeddings=POSITIONS,
+                           sliding_window=WINDOW),
+        "gemma2": Gemma2Config(**common, **GQA, head_dim=16, sliding_window=WINDOW),
         "gpt-neox": GPTNeoXConfig(**common, num_attention_heads=4),
         "opt": OPTConfig(vocab_size=vocab, hidden_size=HIDDEN, ffn_dim=2 * HIDDEN,
                          num_hidden_layers=LAYERS, num_attention_heads=4,
