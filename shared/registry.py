@@ -89,6 +89,9 @@ class ModelSpec(BaseModel):
     chat_template: str | None = None
     # Causal LMs: prompt plus new tokens at most; the model's own (its config.json) when None.
     max_context: int | None = Field(None, ge=2)
+    # Causal LMs: bytes its KV-cache pool may take; None: the worker's `kv_cache_bytes`, else a
+    # share of the GPU memory its weights left free (services/worker/engine/kv_budget.py).
+    kv_cache_bytes: int | None = Field(None, ge=1)
 
     @property
     def task(self) -> Task:

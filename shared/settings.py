@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     # next one), and terminationGracePeriodSeconds above it plus ~15 s (see README).
     drain_seconds: float = Field(20.0, ge=0)
     device: str = ""  # set by the launcher: "cuda" or "cpu"
+    # A text model's KV-cache pool (services/worker/engine/kv_budget.py), unless its registry
+    # entry says: this many bytes; unset, `gpu_memory_utilization` of the GPU memory left free
+    # once its weights are loaded, or 4 GiB on the CPU.
+    kv_cache_bytes: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     device_index: int = 0
     worker_name: str = ""
     ready_file: str = ""  # set by the launcher: created once this worker's models are loaded

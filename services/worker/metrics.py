@@ -54,3 +54,21 @@ BATCHES_ISOLATED = Counter(
     "the items that fail alone fail",
     ["model"],
 )
+KV_PAGES_TOTAL = Gauge(
+    "fibermill_kv_cache_pages", "KV-cache pages in a text model's pool (engine/text_cache.py)",
+    ["model"],
+)
+KV_PAGES_USED = Gauge(
+    "fibermill_kv_cache_pages_used", "KV-cache pages held by running rows right now", ["model"]
+)
+KV_ROWS_WAITING = Gauge(
+    "fibermill_kv_cache_rows_waiting",
+    "Text rows a free row slot was there for that wait for KV-cache pages",
+    ["model"],
+)
+KV_PREEMPTIONS = Counter(
+    "fibermill_kv_cache_preemptions",
+    "Running text rows that gave their KV-cache pages back for an older row to grow, to be "
+    "recomputed from their tokens later",
+    ["model"],
+)

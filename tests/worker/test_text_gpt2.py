@@ -13,6 +13,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+from services.worker.engine.text_cache import PAGE_TOKENS, pages_for
 from services.worker.pipelines.text import CausalLMTextPipeline
 from services.worker.pipelines.text_gpt2 import GPT2Forward, fits
 from shared.messages import TextItem
@@ -63,25 +64,23 @@ def test_prefill_and_decode_logits_are_the_models_bit_for_bit(
     causal = torch.ones((width, width), dtype=torch.bool).tril_()
     mask = ((causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None])[:, None]
     positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
-    lean_cache, lib_cache = pipeline.slot_cache(rows), pipeline.slot_cache(rows)
+    lean_cache, lib_cache = pipeline.kv_cache(rows), pipeline.kv_cache(rows)
     for cache in (lean_cache, lib_cache):
-        cache.column = width
-        cache.valid[:, :width] = real
-        cache.for_prefill(slice(0, rows), width)
+        for i, p in enumerate(prompts):
+            cache.grow(i, len(p) + 5)
+        cache.for_prefill(slice(0, rows), positions, real)
     lean = pipeline.forward(ids, mask, positions, lean_cache)
     lib = _library(pipeline, ids, mask, positions, lib_cache)
     assert torch.equal(lean, lib)
     nxt, pos = lean.argmax(-1), positions[:, -1] + 1
-    for _ in range(5):
+    for step in range(5):
+        pages = pages_for(width + step + 1)
         for cache in (lean_cache, lib_cache):
-            cache.valid[:, cache.column] = True
-            cache.for_decode(rows)
-        step_mask = lean_cache.valid[:, None, None, :lean_cache.column + 1]
+            cache.for_decode(rows, pos, pages)
+        step_mask = (torch.arange(pages * PAGE_TOKENS) <= pos[:, None])[:, None, None]
         lean = pipeline.forward(nxt[:, None], step_mask, pos[:, None], lean_cache)
         lib = _library(pipeline, nxt[:, None], step_mask, pos[:, None], lib_cache)
         assert torch.equal(lean, lib)
-        for cache in (lean_cache, lib_cache):
-            cache.column += 1
         nxt, pos = lean.argmax(-1), pos + 1
     for k_lean, k_lib in zip(lean_cache.keys, lib_cache.keys, strict=True):
         assert torch.equal(k_lean, k_lib)

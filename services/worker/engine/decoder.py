@@ -2,11 +2,15 @@
 
 The decoder is a `Scheduling` (scheduling.py): it drives model code the text pipeline offers
 (`StepModel`, model_code.py) and knows nothing else of it. One decoder per text engine runs
-rows of any age together. Between iterations it admits waiting items into free cache slots
-(their prompts are prefilled together and join the running rows' step) and retires every row
-that ended (EOS, a stop string, its own budget, or asked to stop), settling its sub-request
-there and then. The slots are a fixed pool (`SlotCache`): when all
-are taken, items wait; nothing is allocated past them.
+rows of any age together. Between iterations it admits waiting items (their prompts are
+prefilled together and join the running rows' step) and retires every row that ended (EOS, a
+stop string, its own budget, or asked to stop), settling its sub-request there and then.
+`max_batch` caps the running rows; the KV cache is one pool of pages (`PagedCache`), handed
+to rows as they grow. An item is admitted when the pool has the pages for its prompt and its
+next steps, else it waits; nothing is allocated past the pool. A running row that needs a page
+when none is free makes room: the youngest rows give theirs back and go to the front of the
+queue, to be prefilled again later from their prompt and the tokens they made, their draws
+continuing where they were (so their tokens do not change).
 
 An iteration, on the model's device thread:
 
@@ -46,6 +50,7 @@ from services.worker.engine.scheduling import PLAIN, Ticket
 from services.worker.engine.settle import settle
 from services.worker.engine.start import OnStart, announce_start
 from services.worker.engine.stopped import PipelineStopped
+from services.worker.engine.text_cache import PAGE_TOKENS, pages_for
 from services.worker.engine.text_rows import Sequence
 from services.worker.engine.text_sampling import N_PARAMS, params_of, pick, uniforms_of
 from services.worker.engine.text_stream import OnText, TextUpdate
@@ -70,7 +75,7 @@ class Decoder:
         self.p = model
         self.slots = slots
         self.max_wait_s = max_wait_s
-        self.cache = model.slot_cache(slots)
+        self.cache = model.kv_cache(slots)
         device = model.device
         self.next_ids = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
@@ -80,6 +85,14 @@ class Decoder:
                                     device=device)
         self.tokens = torch.zeros((STEPS_PER_READ + 1, slots), dtype=torch.long, device=device)
         self.tokens_host = sync.pinned((STEPS_PER_READ + 1, slots), torch.long, device)
+        # Key positions of a decode step's window: a row attends to those up to its own.
+        self.window = torch.arange(self.cache.row_pages * PAGE_TOKENS, device=device)
+        self.admitted = 0  # rows admitted so far: a row's `order`
+        # Rows a free row slot was there for that wait for pages (the last admission's count),
+        # and rows to go back to the front of the queue after the iteration (held back or
+        # preempted on the device thread; the queue belongs to the loop).
+        self.short_of_pages = 0
+        self.returned: list[Waiting] = []
         self.waiting: deque[Waiting] = deque()
         self.running: list[Running] = []
         self.expected = 0  # sub-requests on their way (taken from the queue, not yet here)
@@ -132,7 +145,7 @@ class Decoder:
         runs or waits. The worker then charges its attempt with its lease (engine/start.py).
         A guess: one that turns out wrong only charges an item that waits an iteration or
         more."""
-        if self._runs_isolated() or any(w.isolate for w in self.waiting):
+        if self._runs_isolated() or any(w.isolate for w in self.waiting) or self.short_of_pages:
             return False
         return len(self.running) + len(self.waiting) + self.expected <= self.slots
 
@@ -151,6 +164,13 @@ class Decoder:
             if not w.future.done():
                 w.loop.call_soon_threadsafe(settle, w.future, None, PipelineStopped())
 
+    def _requeue(self) -> None:
+        """The rows the iteration held back or preempted go back to the front of the queue,
+        in the order they were in."""
+        for w in reversed(self.returned):
+            self.waiting.appendleft(w)
+        self.returned.clear()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self.waiting or self.running:
@@ -163,10 +183,13 @@ class Decoder:
                 settles = await loop.run_in_executor(self.p.device_executor, self._iterate,
                                                      admit)
             except Exception as exc:
+                self._requeue()
                 if device_faults.is_sticky(exc):
                     settles = self._lost(admit, exc)
                 else:
                     settles = self._failed(admit, exc)
+            else:
+                self._requeue()
             for waiting, result, error in settles:
                 if waiting.loop is loop:
                     settle(waiting.future, result, error)
@@ -211,7 +234,7 @@ class Decoder:
         running = {id(r.waiting) for r in self.running}
         rows = [r.waiting for r in held] + [w for w in admit if id(w) not in running]
         self.running.clear()
-        self.cache.column = 0
+        self.cache.reset()
         if len(rows) == 1 and (rows[0].isolate or not settles):
             log.warning("a %s text row failed alone: %s: %s", self.p.spec.name,
                         type(exc).__name__, exc)
@@ -234,7 +257,7 @@ class Decoder:
         rows += self.waiting
         self.running.clear()
         self.waiting.clear()
-        self.cache.column = 0
+        self.cache.reset()
         return [(w, None, device_faults.lost(exc)) for w in rows]
 
     # Device thread side ----------------------------------------------------------------------
@@ -245,6 +268,8 @@ class Decoder:
             # Never past the smallest budget left: a row at its budget retires first.
             left = [r.left for r in self.running]
             steps = max(0, min(STEPS_PER_READ, *left)) if left else 0
+            for i, r in enumerate(self.running):  # reserved at admission (`_admit`)
+                self.cache.grow(i, r.columns + steps)
             t0 = time.perf_counter()
             for step in range(1, steps + 1):
                 self._check_stops()
@@ -276,7 +301,7 @@ class Decoder:
             head = self.waiting[0]
         except IndexError:
             return False
-        return not head.isolate and not self._runs_isolated()
+        return not head.isolate and not self._runs_isolated() and not self.short_of_pages
 
     def _runs_isolated(self) -> bool:
         """An isolated row runs: nothing joins it."""
@@ -290,36 +315,91 @@ class Decoder:
                 r.stopped_at = r.seq.tokens + r.fed
 
     def _admit(self, admit: list[Waiting]) -> list[Settle]:
+        """Start the items the pool has pages for, in order; the first it has none for and
+        everything after it go back to the queue (`returned`), and leave `admit`, which is
+        then what the iteration admitted."""
         settles: list[Settle] = []
         rows: list[Running] = []
         self.rounds += 1
-        for w in admit:
-            if w.should_stop is not None and w.should_stop():
-                settles.append((w, None, PipelineStopped()))
-                continue
-            row = self.p.start(w.item)
-            seq = Sequence(item=w.item, budget=row.budget, prompt_tokens=len(row.prompt))
-            rows.append(Running(w, row, seq, columns=len(row.prompt)))
         for r in self.running:
             r.new = False
+        preempted = self._make_room()
+        free = self.cache.pool.free - self._lacking()
+        for w in admit:
+            if self.returned:
+                self.returned.append(w)
+                continue
+            if w.should_stop is not None and w.should_stop():
+                settles.append((w, None, self._canceled(w.held)))
+                continue
+            r, w.held = w.held or self._started(w), None
+            # Its prompt (and what it made before), and the tokens its next steps write.
+            need = pages_for(len(r.ids) + min(STEPS_PER_READ, r.left - 1))
+            if need > free:
+                w.held = r
+                self.returned.append(w)
+                continue
+            free -= need
+            rows.append(r)
+        held_back = len(self.returned) - preempted
+        admit[:] = [r.waiting for r in rows]
+        self.short_of_pages = held_back + preempted
+        metrics.KV_ROWS_WAITING.labels(self.p.spec.name).set(self.short_of_pages)
         if rows:
             t0 = time.perf_counter()
             self._prefill(rows)
             self.p.observe("prefill", time.perf_counter() - t0)
         return settles
 
+    def _started(self, w: Waiting) -> Running:
+        row = self.p.start(w.item)
+        return Running(w, row, Sequence(item=w.item, budget=row.budget,
+                                        prompt_tokens=len(row.prompt)))
+
+    def _lacking(self) -> int:
+        """The pages the running rows lack for their next steps."""
+        return sum(self.cache.short(i, r.columns + min(STEPS_PER_READ, r.left))
+                   for i, r in enumerate(self.running))
+
+    def _make_room(self) -> int:
+        """Preempt the youngest rows until the pool has the pages every other running row
+        needs for its next steps: each gives its pages back and goes to the front of the
+        queue with what it made (`returned`). The oldest row always fits alone (the pool
+        holds at least one full-context row). How many it preempted."""
+        preempted = 0
+        while self.running and self._lacking() > self.cache.pool.free:
+            slot = max(range(len(self.running)), key=lambda i: self.running[i].order)
+            r = self.running[slot]
+            self._vacate(slot)
+            r.waiting.held = r
+            self.returned.insert(0, r.waiting)
+            preempted += 1
+            metrics.KV_PREEMPTIONS.labels(self.p.spec.name).inc()
+        return preempted
+
+    def _canceled(self, r: Running | None) -> PipelineStopped:
+        """A row stopped: what it had made, if anything."""
+        if r is None:
+            return PipelineStopped()
+        return PipelineStopped(TextResult(text=self.p.decode(r.seq.generated),
+                                          finish_reason=FinishReason.CANCELED,
+                                          tokens=r.seq.tokens,
+                                          prompt_tokens=r.seq.prompt_tokens))
+
     def _prefill(self, rows: list[Running]) -> None:
         p, cache, device = self.p, self.cache, self.p.device
         n, k = len(self.running), len(rows)
-        width = max(len(r.row.prompt) for r in rows)
-        cache.column = max(cache.column, width)
+        prompts = [r.ids for r in rows]
+        width = max(len(ids) for ids in prompts)
         ids = torch.full((k, width), p.pad_id, dtype=torch.long)
         real = torch.zeros((k, width), dtype=torch.bool)
-        for i, r in enumerate(rows):
-            prompt = r.row.prompt
+        for i, (r, prompt) in enumerate(zip(rows, prompts, strict=True)):
             ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
             real[i, width - len(prompt):] = True
-        ids, real = self._upload(ids), self._upload(real)
+            cache.grow(n + i, len(prompt))
+            r.columns = len(prompt)
+        made = torch.tensor([r.seq.tokens for r in rows], dtype=torch.long)
+        ids, real, made = self._upload(ids), self._upload(real), self._upload(made)
         # Each prompt sees its own earlier tokens; a pad sees itself, so no query row is
         # empty (an empty row would make NaNs that its zero weight cannot cancel).
         causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
@@ -327,11 +407,7 @@ class Decoder:
                                                              device=device)[None]
         positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
         slots = slice(n, n + k)
-        cache.valid[slots] = False
-        cache.valid[slots, cache.column - width:cache.column] = real
-        for r in rows:
-            r.first = cache.column - len(r.row.prompt)
-        cache.for_prefill(slots, width)
+        cache.for_prefill(slots, positions, real)
         logits = p.forward(ids, mask[:, None], positions, cache)
         params = torch.tensor([params_of(r.row.item.temperature, r.row.item.top_k,
                                          r.row.item.top_p) for r in rows],
@@ -343,14 +419,17 @@ class Decoder:
                 draws = uniforms_of(r.row.item.seed, r.row.budget)
                 self.uniforms[n + i, :r.row.budget] = self._upload(draws)
         sampled = any(r.row.item.temperature > 0 for r in rows)
+        # A preempted row's draws go on from the tokens it made.
+        self.made[slots] = made
         first = pick(logits.float(), self.params[:, slots],
-                     self.uniforms[slots, 0], sampled)
+                     self.uniforms[slots].gather(1, made[:, None])[:, 0], sampled)
         self.tokens[0, slots] = first
         self.next_ids[slots] = first
         self.positions[slots] = positions[:, -1] + 1
-        self.made[slots] = 1
+        self.made[slots] += 1
         for r in rows:
-            r.fed = 1
+            r.fed, r.new, r.order = 1, True, self.admitted
+            self.admitted += 1
         self.running.extend(rows)
         metrics.BATCH_SIZE.labels(p.spec.name).observe(k)
 
@@ -364,19 +443,14 @@ class Decoder:
     def _step(self, step: int) -> None:
         p, cache = self.p, self.cache
         n = len(self.running)
-        if cache.column >= cache.length:
-            cache.compact(n, max(r.columns for r in self.running))
-            for r in self.running:
-                r.first = cache.column - r.columns
-        # No row's columns lie before the earliest first column: the step reads only that
-        # window, however far the column has moved on since the cache was last compacted (a
-        # slot is as long as the model's context).
-        start = min(r.first for r in self.running)
-        cache.valid[:n, cache.column] = True
-        mask = cache.valid[:n, None, None, start:cache.column + 1]
-        cache.for_decode(n, start)
-        logits = p.forward(self.next_ids[:n, None], mask, self.positions[:n, None], cache)
-        cache.column += 1
+        # Each row writes its token at its own position, and the step reads the pages the
+        # longest row holds: a row attends to its positions up to the one it writes.
+        pages = pages_for(max(r.columns for r in self.running) + 1)
+        positions = self.positions[:n]
+        mask = self.window[:pages * PAGE_TOKENS] <= positions[:, None]
+        cache.for_decode(n, positions, pages)
+        logits = p.forward(self.next_ids[:n, None], mask[:, None, None], positions[:, None],
+                           cache)
         sampled = any(r.row.item.temperature > 0 for r in self.running)
         uniform = self.uniforms[:n].gather(1, self.made[:n, None])[:, 0] if sampled else None
         nxt = pick(logits.float(), self.params[:, :n], uniform, sampled)
@@ -417,31 +491,30 @@ class Decoder:
             log.exception("a %s on_text hook failed", self.p.spec.name)
 
     def _retire(self) -> list[Settle]:
-        """Settle the rows that ended; the last running rows move into their slots."""
+        """Settle the rows that ended; the last running rows move into their rows."""
         settles: list[Settle] = []
         for slot in range(len(self.running) - 1, -1, -1):
             r = self.running[slot]
             if r.stopped:
-                partial = TextResult(text=self.p.decode(r.seq.generated),
-                                     finish_reason=FinishReason.CANCELED, tokens=r.seq.tokens,
-                                     prompt_tokens=r.seq.prompt_tokens)
-                settles.append((r.waiting, None, PipelineStopped(partial)))
+                settles.append((r.waiting, None, self._canceled(r)))
             elif r.seq.finished:
                 settles.append((r.waiting, r.seq.result(), None))
             else:
                 continue
-            last = len(self.running) - 1
-            if slot != last:
-                self._move(last, slot)
-                self.running[slot] = self.running[last]
-            self.running.pop()
-        if not self.running:
-            self.cache.column = 0
+            self._vacate(slot)
         return settles
 
+    def _vacate(self, slot: int) -> None:
+        """A row leaves: its pages go back to the pool, the last row takes its place."""
+        self.cache.release(slot)
+        last = len(self.running) - 1
+        if slot != last:
+            self._move(last, slot)
+            self.running[slot] = self.running[last]
+        self.running.pop()
+
     def _move(self, src: int, dst: int) -> None:
-        column = self.cache.column
-        self.cache.move(src, dst, self.running[src].first, column)
+        self.cache.move(src, dst)
         for t in (self.next_ids, self.positions, self.made, self.uniforms):
             t[dst] = t[src]
         self.params[:, dst] = self.params[:, src]

@@ -1,5 +1,5 @@
-"""A continuous decoder's rows (decoder.py): items waiting for a cache slot, and rows running
-in one."""
+"""A continuous decoder's rows (decoder.py): items waiting for a row slot or for KV-cache
+pages, and rows running."""
 
 import asyncio
 import time
@@ -26,6 +26,9 @@ class Waiting:
     tag: str | None = None  # the sub-request it is (engine/start.py)
     charged: bool = False
     on_text: OnText | None = None  # hears its text after each read that advanced it
+    # Its row, once started: held back for KV-cache pages, or preempted with the tokens it
+    # made (its prompt and those are prefilled again when it is admitted).
+    held: "Running | None" = None
 
     @property
     def gone(self) -> bool:
@@ -34,15 +37,14 @@ class Waiting:
 
 @dataclass(eq=False)
 class Running:
-    """A row in a cache slot; its slot is its index in `Decoder.running`."""
+    """A running row; its row in the batch (and in the cache's block tables) is its index in
+    `Decoder.running`."""
 
     waiting: Waiting
     row: Row
     seq: Sequence
-    columns: int  # cache columns holding its tokens
-    # The cache column of its first token: its columns lie between it and the shared column
-    # (a prefill that moved the shared column on past the row leaves a masked-out gap).
-    first: int = 0
+    columns: int = 0  # tokens in the cache: its positions 0..columns-1
+    order: int = 0  # when it was admitted: the youngest row is preempted first
     fed: int = 0  # tokens made and not yet read back
     new: bool = True  # admitted this iteration: its first token came from the prefill
     stopped_at: int | None = None  # tokens it had made when asked to stop
@@ -50,6 +52,12 @@ class Running:
     @property
     def stopped(self) -> bool:
         return self.stopped_at is not None
+
+    @property
+    def ids(self) -> list[int]:
+        """What its prefill runs: its prompt, and the tokens it made before it was
+        preempted."""
+        return self.row.prompt + self.seq.generated
 
     @property
     def left(self) -> int:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from services.worker.engine.graph import Graph
-from services.worker.engine.text_cache import SlotCache
+from services.worker.engine.text_cache import PagedCache
 from services.worker.engine.text_rows import Row
 from shared.registry import ModelSpec
 
@@ -34,8 +34,8 @@ class GraphModel(Protocol):
 
 
 class StepModel(Protocol):
-    """Model code a continuous decoder (decoder.py) drives: a KV-cached forward over slots,
-    and an item's prompt ids and text."""
+    """Model code a continuous decoder (decoder.py) drives: a KV-cached forward over a paged
+    cache, and an item's prompt ids and text."""
 
     @property
     def spec(self) -> ModelSpec: ...
@@ -52,11 +52,12 @@ class StepModel(Protocol):
     @property
     def eos_ids(self) -> frozenset[int]: ...
 
-    def slot_cache(self, slots: int) -> SlotCache:
-        """A KV cache of `slots` rows, each as long as the longest sequence."""
+    def kv_cache(self, rows: int) -> PagedCache:
+        """The KV cache of up to `rows` rows, its pool sized by the model's memory budget;
+        allocated once."""
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                cache: SlotCache) -> torch.Tensor:
+                cache: PagedCache) -> torch.Tensor:
         """One KV-cached forward; the last position's logits, (rows, vocab). `mask` is
         (rows, 1, queries, keys), True where a query may attend."""
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block, GPT2LMHeadModel
 from transformers.pytorch_utils import Conv1D
 
-from services.worker.engine.text_cache import SlotCache
+from services.worker.engine.text_cache import PagedCache
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class GPT2Forward:
         self.blocks = [_Block.of(cast(GPT2Block, b)) for b in self.transformer.h]
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                 cache: SlotCache) -> torch.Tensor:
+                 cache: PagedCache) -> torch.Tensor:
         """The last position's logits, (rows, vocab); `mask` is additive, (rows, 1, queries,
         keys); `cache.update` takes each layer's keys and values and gives back what to
         attend to."""

@@ -1,4 +1,4 @@
-"""Continuous batching for text: rows join and leave between steps, fixed cache slots, one
+"""Continuous batching for text: rows join and leave between steps, a paged KV cache, one
 counted host read per iteration, tokens equal to `generate` and to each item run alone."""
 
 import asyncio
@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from services.worker import metrics
 from services.worker.engine import decoder as decoder_module
 from services.worker.engine import sync, text_cache
 from services.worker.engine.batch import Batch
@@ -20,6 +21,7 @@ from services.worker.engine.decoder_rows import Waiting
 from services.worker.engine.engine import Engine
 from services.worker.engine.scheduling import Ticket
 from services.worker.engine.stopped import PipelineStopped
+from services.worker.engine.text_cache import PAGE_TOKENS, pages_for
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.errors import ContextLengthExceeded
 from shared.messages import TextItem
@@ -92,12 +94,16 @@ def random_items(n: int, seed: int, max_tokens: int = 30) -> list[TextItem]:
     ]
 
 
-def test_slots_are_preallocated_for_the_longest_sequence(pipeline: CausalLMTextPipeline):
+def test_the_pool_is_preallocated_no_larger_than_the_context_needs(
+        pipeline: CausalLMTextPipeline):
     cache = engine_for(pipeline).scheduling.cache
     config = pipeline.model.config
-    assert cache.slots == 8 and cache.length == config.n_positions
+    # The CPU's 4 GiB default holds far more than 8 rows (max_batch) at 1,024 positions.
+    assert cache.length == config.n_positions
+    assert cache.pool.total == 8 * 1024 // PAGE_TOKENS
     head_dim = config.n_embd // config.n_head
-    assert [tuple(k.shape) for k in cache.keys] == [(8, config.n_head, 1024, head_dim)] * 2
+    page = (cache.pool.total + 1, PAGE_TOKENS, config.n_head, head_dim)  # and page 0
+    assert [tuple(k.shape) for k in cache.keys] == [page] * 2
 
 
 def test_greedy_equals_generate_token_for_token(pipeline: CausalLMTextPipeline):
@@ -199,17 +205,17 @@ def test_a_decode_step_reads_only_the_columns_its_rows_hold(
     reference = alone(pipeline, [early, late])
     assert [r.tokens for r in reference] == [120, 150]  # no EOS: the scenario below holds
     decoder = engine_for(pipeline).scheduling
-    reads = []  # (keys read, the shared column + 1, the most columns a row holds + 1)
-    update = text_cache.SlotCache.update
+    reads = []  # (keys read, rows, the pages of the longest row's tokens, this one's too)
+    update = text_cache.PagedCache.update
 
     def recording(self, key_states, value_states, layer_idx, *args, **kwargs):
         keys, values = update(self, key_states, value_states, layer_idx, *args, **kwargs)
-        if layer_idx == 0 and self._cols.stop - self._cols.start == 1:  # a decode step
-            reads.append((keys.shape[2], self.column + 1,
-                          max(r.columns for r in decoder.running) + 1))
+        if layer_idx == 0 and self._read is not None:  # a decode step
+            reads.append((keys.shape[2], len(decoder.running),
+                          pages_for(max(r.columns for r in decoder.running) + 1)))
         return keys, values
 
-    monkeypatch.setattr(text_cache.SlotCache, "update", recording)
+    monkeypatch.setattr(text_cache.PagedCache, "update", recording)
     engine = engine_for(pipeline)
 
     async def scenario():
@@ -225,8 +231,10 @@ def test_a_decode_step_reads_only_the_columns_its_rows_hold(
         return [first, await (await joined)]
 
     assert loop.run(scenario()) == reference
-    assert all(read == held for read, _, held in reads)
-    assert any(read < column - 20 for read, column, _ in reads)  # the window, not the column
+    assert all(read == pages * PAGE_TOKENS for read, _, pages in reads)
+    # Once the early row has left, the late one reads its own pages only.
+    alone_reads = [read for read, rows, _ in reads if rows == 1]
+    assert alone_reads and min(alone_reads) < 120
 
 
 def test_a_full_pool_makes_rows_wait(model_dir: Path, loop: Loop):
@@ -254,21 +262,20 @@ def test_a_full_pool_makes_rows_wait(model_dir: Path, loop: Loop):
     assert [t.data_ptr() for t in decoder.cache.keys] == pointers  # nothing was reallocated
 
 
-def test_staggered_arrivals_through_compaction_match_alone(model_dir: Path, loop: Loop,
-                                                          monkeypatch: pytest.MonkeyPatch):
-    # A short cache fills up: rows' columns are moved to the front while others decode.
-    pipe = _pipeline(model_dir, name="tiny-gpt2-short-cache", cache_len=48, max_batch=4)
-    items = random_items(40, seed=1, max_tokens=24)  # each within a slot: 24 + 24 tokens
+def _page_bytes(pipe: CausalLMTextPipeline) -> int:
+    config = pipe.model.config
+    return 2 * config.n_layer * PAGE_TOKENS * config.n_embd * 4  # keys and values, float32
+
+
+def test_staggered_arrivals_through_preemption_match_alone(model_dir: Path, loop: Loop):
+    # A pool of 4 pages for 4 rows of up to 48 tokens (3 pages each): rows wait for pages,
+    # and running rows that need one push the youngest out, to be recomputed later.
+    spec = {"max_batch": 4, "kv_cache_bytes": 4 * 16 * 1024}
+    pipe = _pipeline(model_dir, name="tiny-gpt2-short-cache", cache_len=48, **spec)
+    assert 4 * _page_bytes(pipe) == spec["kv_cache_bytes"]
+    items = random_items(40, seed=1, max_tokens=24)  # each within a row's 48 tokens
     reference = alone(pipe, items)
-    compactions = 0
-    compact = text_cache.SlotCache.compact
-
-    def counting(self, *args):
-        nonlocal compactions
-        compactions += 1
-        return compact(self, *args)
-
-    monkeypatch.setattr(text_cache.SlotCache, "compact", counting)
+    preempted = metrics.KV_PREEMPTIONS.labels(pipe.spec.name)._value.get()
     engine = engine_for(pipe)
     rng = random.Random(2)
     delays = [rng.random() * 0.3 for _ in items]
@@ -286,7 +293,8 @@ def test_staggered_arrivals_through_compaction_match_alone(model_dir: Path, loop
     # between two tokens, far beyond what the batch's rounding moves (engine/decoder.py).
     differ = [i for i, (a, b) in enumerate(zip(got, reference, strict=True)) if a != b]
     assert differ == []
-    assert compactions > 0
+    assert metrics.KV_PREEMPTIONS.labels(pipe.spec.name)._value.get() > preempted
+    assert engine.scheduling.cache.used == 0
 
 
 def test_stopped_item_leaves_the_rest_running(pipeline: CausalLMTextPipeline) -> None:
@@ -320,7 +328,7 @@ def test_a_model_error_fails_the_rows_it_held_and_the_decoder_goes_on(
         with pytest.raises(RuntimeError, match="injected"):
             engine_for(pipeline).run(items)
     decoder = engine_for(pipeline).scheduling
-    assert not decoder.running and decoder.cache.column == 0
+    assert not decoder.running and decoder.cache.used == 0
     assert engine_for(pipeline).run(items) == alone(pipeline, items)
 
 
@@ -570,16 +578,18 @@ def test_a_wider_prompt_joining_keeps_the_running_rows_whole(
     running = TextItem(prompt=PROMPTS[6], max_new_tokens=40, temperature=0.9, seed=3)
     wide = TextItem(prompt=PROMPTS[1], max_new_tokens=2)
     reference = alone(pipeline, [running, wide])
-    cut_off = []  # decode steps whose window left out a running row's own columns
-    update = text_cache.SlotCache.update
+    cut_off = []  # decode steps whose keys left out a running row's own tokens
+    update = text_cache.PagedCache.update
 
     def checking(self, key_states, value_states, layer_idx, *args, **kwargs):
-        decoding = layer_idx == 0 and self._cols.stop - self._cols.start == 1
-        if decoding and self.valid[self._rows, :self._reads].any():
-            cut_off.append(self._cols.start)
-        return update(self, key_states, value_states, layer_idx, *args, **kwargs)
+        keys, values = update(self, key_states, value_states, layer_idx, *args, **kwargs)
+        if layer_idx == 0 and self._read is not None:  # a decode step
+            held = max(r.columns for r in engine.scheduling.running) + 1
+            if keys.shape[2] < held:
+                cut_off.append(keys.shape[2])
+        return keys, values
 
-    monkeypatch.setattr(text_cache.SlotCache, "update", checking)
+    monkeypatch.setattr(text_cache.PagedCache, "update", checking)
     engine = engine_for(pipeline)
 
     async def scenario():

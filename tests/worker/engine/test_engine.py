@@ -129,7 +129,7 @@ def test_text_stress_equals_the_sequential_run(text_host):
         del decoder._iterate
     assert widest > 1, "rows really ran together"
     assert widest <= decoder.slots, "never more rows than slots"
-    assert not decoder.running and decoder.cache.column == 0
+    assert not decoder.running and decoder.cache.used == 0
 
 
 def test_image_stress_equals_the_sequential_run(image_host):
@@ -200,7 +200,7 @@ def test_slots_under_failures_and_cancellations(model_dir):
                 assert out.finish_reason in ("stop", "length") and out.tokens >= 1, (prompt, out)
         assert failed and sum(isinstance(o, PipelineStopped) for _, _, o in outcomes) >= 10
         assert sum(isinstance(o, TextResult) for _, _, o in outcomes) == kinds.count("OK")
-        assert not decoder.running and not decoder.waiting and decoder.cache.column == 0
+        assert not decoder.running and not decoder.waiting and decoder.cache.used == 0
     finally:
         host.close()
 
