@@ -61,7 +61,7 @@ def render(exc: FibermillError, path: str = "") -> tuple[int, dict[str, Any], di
     status = _status(exc)
     body: dict[str, Any]
     if speaks_openai(path):
-        status, body = openai_error(exc, status)
+        status, body = openai_error(exc, status, path)
     elif isinstance(exc, InvalidInput):
         # The same shape as FastAPI's own validation errors, so clients parse one format.
         body = {"detail": [{"loc": ["body", *p.field.split(".")], "msg": p.message,

@@ -7,6 +7,7 @@ from pydantic import BaseModel, Field
 
 from services.api import parameters
 from shared.messages import WorkerHeartbeat
+from shared.model_files import chat_template, context_length, visible_folder
 from shared.registry import ModelSpec, Task
 
 
@@ -36,8 +37,13 @@ class ModelInfo(BaseModel):
         "Class-conditional models: the words that select each class in a prompt"))
     workers: list[ModelWorker] = Field(description="Live workers that serve the model")
     available: bool = Field(description="Whether at least one live worker serves it now")
-    chat: bool = Field(description="Whether it has a chat template: /v1/chat/completions "
-                       "takes it (text models; /v1/completions takes every one)")
+    chat: bool = Field(description="Whether it has a chat template (the registry's or its "
+                       "tokenizer's): /v1/chat/completions takes it (text models; "
+                       "/v1/completions takes every one)")
+    context_length: int | None = Field(description=(
+        "Text models: the most tokens a prompt and its completion (max_new_tokens, OpenAI's "
+        "max_tokens) may come to; a request past it is refused, never cut. Null for image "
+        "models, and where the API cannot read the model's files"))
 
 
 class ModelList(BaseModel):
@@ -49,7 +55,8 @@ class ModelList(BaseModel):
 def describe(spec: ModelSpec, workers: list[WorkerHeartbeat]) -> ModelInfo:
     serving = [w for w in workers if spec.name in w.models]
     return ModelInfo(
-        id=spec.name, created=_created(spec), chat=spec.chat_template is not None,
+        id=spec.name, created=_created(spec), chat=chat_template(spec) is not None,
+        context_length=context_length(spec),
         name=spec.name, task=spec.task, kind=spec.kind, description=spec.description,
         parameters=parameters.parameters(spec), defaults=parameters.defaults(spec),
         limits=parameters.limits(spec), classes=spec.classes or None,
@@ -59,7 +66,5 @@ def describe(spec: ModelSpec, workers: list[WorkerHeartbeat]) -> ModelInfo:
 
 
 def _created(spec: ModelSpec) -> int:
-    try:
-        return int(spec.path.stat().st_mtime)
-    except OSError:  # an API replica need not hold the model files
-        return 0
+    folder = visible_folder(spec)  # an API replica need not hold the model files
+    return 0 if folder is None else int(folder.stat().st_mtime)

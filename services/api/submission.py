@@ -8,10 +8,11 @@ import redis.asyncio as aioredis
 from services.api import idempotency, metrics
 from services.api.auth import Principal
 from services.api.backpressure import QueueDepths
+from services.api.context_window import ContextWindows
 from services.api.dispatch import Dispatcher
 from services.api.webhooks.ssrf import check_webhook_url
 from shared.errors import InvalidInput, Problem
-from shared.inputs import TaskInput, validate_input
+from shared.inputs import TaskInput, TextGenerationInput, validate_input
 from shared.job import JobMeta, JobOptions, JobRequest, JobStatus
 from shared.job_ids import new_job_id
 from shared.jobstore import JobRecord, JobStore, NewJob
@@ -44,6 +45,7 @@ class Submissions:
         self.settings = settings
         self.claims = idempotency.Claims(redis)
         self.depths = QueueDepths(redis, settings)
+        self.windows = ContextWindows()
 
     async def submit(
         self, req: JobRequest, principal: Principal, idempotency_key: str | None,
@@ -91,7 +93,8 @@ class Submissions:
         self, req: JobRequest, idempotency_key: str | None
     ) -> tuple[ModelSpec, TaskInput]:
         """The model's spec and the typed input, once the request fits its model and the
-        server's limits; otherwise every problem found, at once (InvalidInput)."""
+        server's limits; otherwise every problem found, at once (InvalidInput), and then
+        the prompts that do not fit the model's context (ContextLengthExceeded)."""
         problems: list[Problem] = []
         spec: ModelSpec | None = None
         inp: TaskInput | None = None
@@ -121,6 +124,9 @@ class Submissions:
                 "Idempotency-Key", f"must be at most {idempotency.MAX_KEY_LENGTH} characters"))
         if problems or spec is None or inp is None:
             raise InvalidInput.of(problems)
+        if isinstance(inp, TextGenerationInput):
+            # Counted once the rest is valid: a count needs the prompts and budget it checks.
+            await self.windows.fit(spec, inp)
         return spec, inp
 
 

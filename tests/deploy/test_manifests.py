@@ -259,6 +259,23 @@ def test_worker_models_are_on_the_models_volume(rendered, tmp_path):
         assert (REPO_ROOT / "models" / path.name).is_dir(), path.name
 
 
+def test_the_api_reads_the_models_where_the_workers_do(rendered):
+    """The API counts prompts with each text model's tokenizer.json against its config.json:
+    the registry's paths must lead to the same files in both, read-only."""
+    mounts = {}
+    for component in ("api", "worker"):
+        w = k8s.workload_for(rendered, component)
+        container = k8s.main_container(w)
+        mounts[component] = mount_of(w, container, "persistentVolumeClaim", "fibermill-models")
+        volume = next(v for v in k8s.pod_spec(w)["volumes"]
+                      if (v.get("persistentVolumeClaim") or {}).get("claimName")
+                      == "fibermill-models")
+        assert volume["persistentVolumeClaim"].get("readOnly") is True, component
+        assert all(m.get("readOnly") for m in container["volumeMounts"]
+                   if m["name"] == volume["name"]), component
+    assert mounts["api"] == mounts["worker"]
+
+
 # --- workloads: labels, security, resources, lifecycle ------------------------------------------
 
 

@@ -389,7 +389,7 @@ class BatchDriver:
                     raise InvalidInput("url", f"{line.url} is not a batch endpoint")
                 body = translate.text_response(req, rec)
             except InvalidInput as exc:  # the line no longer parses (a newer server)
-                status, body = openai_error(exc, 400)
+                status, body = openai_error(exc, 400, line.url)
                 return False, lines.response_line(batch_id, line, status, body, rec.id)
             return True, lines.response_line(batch_id, line, 200, body, rec.id)
         if stopped is not None and rec.status == JobStatus.CANCELED:
@@ -429,7 +429,7 @@ class BatchDriver:
             done = await self.submissions.submit(
                 job, principal, idempotency_key=f"batch-{d.batch_id}-{line.line}", base_url=None)
         except InvalidInput as exc:
-            status, body = openai_error(exc, 400)
+            status, body = openai_error(exc, 400, line.url)
             await self.batches.record_line(d.batch_id, self.me, i, False,
                                            lines.response_line(d.batch_id, line, status, body))
             d.done.add(i)

@@ -27,11 +27,14 @@ def _compiled(source: str):
     return env.from_string(source)
 
 
-def render_chat(template: str, messages: list[dict[str, str]]) -> str:
+def render_chat(template: str, messages: list[dict[str, str]],
+                tokens: dict[str, str] | None = None) -> str:
     """The prompt for `messages` ({role, content}), ending where the assistant's answer
-    starts. A conversation the template refuses is InvalidInput on `messages`."""
+    starts; `tokens` are the tokenizer's special tokens (bos_token...), which templates from a
+    tokenizer read. A conversation the template refuses is InvalidInput on `messages`."""
     try:
-        return _compiled(template).render(messages=messages, add_generation_prompt=True)
+        return _compiled(template).render(messages=messages, add_generation_prompt=True,
+                                          **(tokens or {}))
     except _TemplateRaised as exc:
         raise InvalidInput("messages", str(exc)) from None
     except TemplateError as exc:

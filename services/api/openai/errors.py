@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from shared.errors import (
+    ContextLengthExceeded,
     Expired,
     FibermillError,
     InvalidInput,
@@ -36,8 +37,11 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def openai_error(exc: FibermillError, status: int) -> tuple[int, dict[str, Any]]:
-    """The status and body of a domain error on an OpenAI path (`status`: Fibermill's own)."""
+def openai_error(exc: FibermillError, status: int, path: str = "") -> tuple[int, dict[str, Any]]:
+    """The status and body of a domain error on the OpenAI path `path` (`status`: Fibermill's
+    own)."""
+    if isinstance(exc, ContextLengthExceeded):
+        return 400, _context_error(exc, "messages" if path.startswith("/v1/chat/") else "prompt")
     if isinstance(exc, InvalidInput):
         first = exc.problems[0]
         message = "; ".join(f"{p.field}: {p.message}" for p in exc.problems)
@@ -60,6 +64,19 @@ def openai_error(exc: FibermillError, status: int) -> tuple[int, dict[str, Any]]
     return status, error_body(str(exc), kind, None, code)
 
 
+def _context_error(exc: ContextLengthExceeded, param: str) -> dict[str, Any]:
+    """OpenAI's own words for it, which clients match to shorten a conversation."""
+    said = f"This model's maximum context length is {exc.context} tokens. However, "
+    if exc.completion is None:
+        said += (f"your {param} resulted in {exc.prompt} tokens. Please reduce the length of "
+                 f"the {param}.")
+    else:
+        said += (f"you requested {exc.prompt + exc.completion} tokens ({exc.prompt} in the "
+                 f"{param}, {exc.completion} in the completion). Please reduce the length of "
+                 f"the {param} or completion.")
+    return error_body(said, param=param, code=exc.code)
+
+
 class OpenAIErrorDetail(BaseModel):
     message: str = Field(description="What went wrong, for a person")
     type: str = Field(description="invalid_request_error, rate_limit_error, server_error or "
@@ -75,7 +92,9 @@ class OpenAIErrorBody(BaseModel):
 
 
 _WHY = {
-    400: "The request is not valid, or asks what this server cannot do; `param` names the field",
+    400: "The request is not valid, or asks what this server cannot do; `param` names the "
+         "field. A prompt that does not fit the model's context with its max_tokens: "
+         "context_length_exceeded",
     401: "No API key, or one this deployment does not know (when keys are on)",
     404: "No such model (model_not_found), or no such object for this API key",
     409: "The job was canceled before it finished",

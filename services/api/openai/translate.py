@@ -22,6 +22,7 @@ from shared.errors import InvalidInput, Problem
 from shared.inputs import validate_input
 from shared.job import JobRequest
 from shared.jobstore import JobRecord
+from shared.model_files import chat_template, special_tokens
 from shared.problems import from_validation_error
 from shared.registry import ModelRegistry, ModelSpec
 
@@ -61,9 +62,11 @@ def job_request(req: OpenAIRequest, registry: ModelRegistry,
                  "height": "size", "seed": "seed"}
     else:
         if isinstance(req, ChatCompletionRequest):
-            assert spec.chat_template is not None  # checked by _model_for
-            prompt = render_chat(spec.chat_template,
-                                 [{"role": m.role, "content": m.content} for m in req.messages])
+            template = chat_template(spec)
+            assert template is not None  # checked by _model_for
+            prompt = render_chat(template,
+                                 [{"role": m.role, "content": m.content} for m in req.messages],
+                                 special_tokens(spec))
             prompts, budget = [prompt] * req.n, req.budget
             budget_field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
             names = {"prompts": "messages"}
@@ -90,8 +93,8 @@ def _model_for(req: OpenAIRequest, registry: ModelRegistry) -> ModelSpec:
             raise InvalidInput("model", f"model {spec.name} generates text, not images")
     elif spec.task != "text-generation":
         raise InvalidInput("model", f"model {spec.name} generates images, not text")
-    elif isinstance(req, ChatCompletionRequest) and spec.chat_template is None:
-        chat = sorted(n for n, s in registry.models.items() if s.chat_template)
+    elif isinstance(req, ChatCompletionRequest) and chat_template(spec) is None:
+        chat = sorted(n for n, s in registry.models.items() if chat_template(s))
         raise InvalidInput("model", f"model {spec.name} has no chat template: use "
                            f"/v1/completions, or a chat model ({', '.join(chat) or 'none'})")
     return spec
