@@ -36,11 +36,28 @@ class Drainer:
         self.celery = celery
         self.draining = False  # SIGTERM seen: finishing what the worker holds
         self.expired = False  # past the drain deadline: handing back what is left
+        self._lost: asyncio.Task | None = None  # the exit after the device failed
 
     async def watch(self, deadline: float) -> None:
         """At the drain deadline (time.monotonic), stop what is still held; exit if it will
         not stop."""
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        await self._hand_back_all()
+
+    def device_lost(self) -> None:
+        """The device failed for good (engine/device_faults.py): take no more work, hand back
+        what is held, as at the drain deadline, and exit for the launcher to start a clean
+        process. Called on the runtime loop by each sub-request the failure ended; the first
+        call starts it."""
+        if self._lost is None:
+            self._lost = asyncio.get_running_loop().create_task(self._exit_device_lost())
+
+    async def _exit_device_lost(self) -> None:
+        await self._hand_back_all()
+        exit_worker(ExitReason.DEVICE_LOST)
+
+    async def _hand_back_all(self) -> None:
+        """Stop what is held and wait for it to go back; exit if it will not stop."""
         self.expired = True
         if n := self.flights.stop_all(StopReason.DRAIN):
             log.warning("drain deadline passed: stopping %d sub-request(s) to hand them back", n)

@@ -17,6 +17,8 @@ class ExitReason(IntEnum):
     MODELS_FAILED_TO_LOAD = 3
     # EX_SOFTWARE: a sub-request ignored its stop past its time limit; its failure is stored.
     STOP_IGNORED_PAST_TIME_LIMIT = 70
+    # EX_OSERR: the device failed for good (a sticky CUDA error); what was held went back.
+    DEVICE_LOST = 71
     # EX_TEMPFAIL: a sub-request ignored its drain stop; its lease is expired for the janitor.
     STOP_IGNORED_IN_DRAIN = 75
 

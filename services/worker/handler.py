@@ -7,6 +7,7 @@ import time
 
 from services.worker import metrics
 from services.worker.drain import Drainer
+from services.worker.engine.device_faults import DeviceLost, OutOfDeviceMemory
 from services.worker.engine.engine import Arrival, Engine
 from services.worker.engine.results import ImageResult, TextResult
 from services.worker.engine.scheduling import Ticket
@@ -116,15 +117,20 @@ class Handler:
         blob = None
         t0 = time.perf_counter()
         on_text = self.progress.text_hook(flight)
+        # A stop while it still waits in the engine's queue withdraws it at once: it never
+        # reaches the device, and its slot or batch place goes to the next one.
+        flight.on_stop = arrival.engine.poke
         try:
             made = await arrival.submit(sub.item, Ticket(
-                should_stop=self.progress.hook(flight), tag=sub.member, isolate=sub.isolated,
-                on_text=on_text, charged=flight.charged))
+                should_stop=self.progress.hook(flight), withdrawn=flight.stop.is_set,
+                tag=sub.member, isolate=sub.isolated, on_text=on_text, charged=flight.charged))
             # Its output events go out before the result that may make the job final; the
             # final one goes out with the result, in the same script.
             await on_text.flushed()
             result.output, blob = _generated(made)
             outcome = Outcome.SUCCEEDED
+        except DeviceLost:
+            return await self._device_lost(flight), False
         except PipelineStopped:
             outcome = await self._stopped(flight)
             if outcome != Outcome.TIME_LIMIT:
@@ -133,8 +139,10 @@ class Handler:
                                          self.worker_id, flight.started)
         except Exception as exc:  # a failing model fails its own sub-request, not the worker
             log.exception("sub-request %s failed", sub.member)
-            # An input the model refuses (a prompt past its context) keeps its own code.
-            code = exc.code if isinstance(exc, InvalidInput) else ModelError.code
+            # An input the model refuses (a prompt past its context), or one too large for
+            # the device even alone, keeps its own code.
+            code = (exc.code if isinstance(exc, InvalidInput | OutOfDeviceMemory)
+                    else ModelError.code)
             result.error = JobError(code=code, message=f"{type(exc).__name__}: {exc}")
             outcome = Outcome.FAILED
         if blob is not None:
@@ -164,6 +172,16 @@ class Handler:
         if stored != 1:
             return Outcome.DUPLICATE, True
         return outcome, True
+
+    async def _device_lost(self, flight: InFlight) -> Outcome:
+        """The device failed for good under it: back to its queue, and the worker exits
+        (drain.py). Its attempt stays charged, as a lost worker's would: a sub-request that
+        breaks the device every time is dead-lettered after `max_attempts`."""
+        self.drainer.device_lost()
+        flight.charged = False  # so the hand-back keeps its attempt charged
+        how = await self.drainer.hand_back(flight)
+        log.error("the device failed under %s; handed it back (%s)", flight.sub.member, how)
+        return Outcome.HANDED_BACK
 
     async def _stopped(self, flight: InFlight) -> Outcome:
         """A sub-request stopped at a step boundary: say why, and hand it back at a drain."""

@@ -1,0 +1,95 @@
+"""A sticky device error (engine/device_faults.py) in this process, on real Redis and tiny-gpt2:
+the sub-requests it held go back to their queue, and the worker exits with DEVICE_LOST for the
+launcher to start a clean one (drain.py, exits.py)."""
+
+import time
+
+import pytest
+import torch
+
+from services.worker import exits as exits_module
+from services.worker.engine.device_faults import is_out_of_memory, is_sticky
+from services.worker.exits import ExitReason
+from services.worker.runtime import WorkerRuntime
+from shared.celery_config import make_celery
+from shared.jobstore import NewJob
+from shared.messages import SubRequest, TextItem
+from shared.registry import load_registry
+from shared.settings import Settings
+from tests.conftest import queued
+
+JOB = "jl"
+STICKY = [
+    RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors "
+                 "might be asynchronously reported at some other API call"),
+    RuntimeError("CUDA error: device-side assert triggered"),
+    RuntimeError("CUDA error: unspecified launch failure"),
+]
+NOT_STICKY = [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"),
+    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"),
+    RuntimeError("The size of tensor a (4) must match the size of tensor b (5)"),
+    ValueError("CUDA error: an illegal memory access"),  # not what torch raises
+]
+
+
+@pytest.mark.parametrize("error", STICKY)
+def test_broken_cuda_contexts_are_sticky(error: Exception) -> None:
+    assert is_sticky(error) and not is_out_of_memory(error)
+
+
+@pytest.mark.parametrize("error", NOT_STICKY)
+def test_other_errors_are_not(error: Exception) -> None:
+    assert not is_sticky(error)
+
+
+def test_out_of_memory_on_either_device() -> None:
+    assert all(is_out_of_memory(e) for e in NOT_STICKY[:2])
+    assert not any(is_out_of_memory(e) for e in [*STICKY, *NOT_STICKY[2:]])
+
+
+def test_an_accelerator_error_is_sticky() -> None:
+    assert is_sticky(torch.AcceleratorError("CUDA error: an illegal memory access"))
+
+
+@pytest.fixture
+def runtime(redis_url, model_dir):
+    settings = Settings(redis_url=redis_url, model_registry=model_dir / "registry.yaml",
+                        worker_models="tiny-gpt2", heartbeat_seconds=0.2, lease_seconds=2,
+                        max_attempts=3)
+    celery = make_celery(settings)
+    rt = WorkerRuntime(settings, load_registry(settings.model_registry), celery)
+    rt.start()
+    rt.call(rt.store.create(NewJob(JOB, "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]},
+                                   2)))
+    yield rt
+    rt.stop()
+    celery.close()
+
+
+def test_a_sticky_error_hands_the_work_back_and_exits(runtime: WorkerRuntime, redis_url,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(exits_module.os, "_exit", exits.append)
+    pipeline = runtime.engines["tiny-gpt2"].pipeline
+
+    def broken(*args, **kwargs):
+        raise STICKY[0]
+
+    monkeypatch.setattr(pipeline, "forward", broken)
+    sub = SubRequest(job_id=JOB, index=0, model="tiny-gpt2",
+                     item=TextItem(prompt="hello", max_new_tokens=5))
+    assert runtime.handle(sub) == "handed_back"
+    deadline = time.monotonic() + 10
+    while not exits:
+        assert time.monotonic() < deadline, "the worker never exited"
+        time.sleep(0.01)
+    assert exits == [ExitReason.DEVICE_LOST]
+    assert len(runtime.flights) == 0
+    assert queued(redis_url, "tiny-gpt2") == 1  # back in its queue
+    assert runtime.call(runtime.store.results(JOB)) == {}
+    # Its attempt stays charged, as a lost worker's would: one that breaks every device it
+    # runs on is dead-lettered after max_attempts instead of coming back forever.
+    assert runtime.call(runtime.store.attempts(JOB, 0)) == 1
+    # Taken after the failure: straight back, never run.
+    assert runtime.handle(sub.model_copy(update={"index": 1})) == "handed_back"
