@@ -34,6 +34,7 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.identity import WorkerIdentity
 from services.worker.outbox import EventOutbox
 from services.worker.outputs import OutputWriter
+from services.worker.pipelines.dtypes import allow_tf32
 from services.worker.pipelines.factory import build_pipeline
 from services.worker.progress import ProgressPublisher
 from shared.blobstore.factory import open_store
@@ -61,6 +62,7 @@ class WorkerRuntime:
         served = settings.served_models or list(registry.models)
         self.specs: dict[str, ModelSpec] = {m: registry.get(m) for m in served}
         self.device = pick_device(settings)
+        allow_tf32(self.device)
         name = settings.worker_name or f"{socket.gethostname()}-{self.device.type}"
         self.identity = WorkerIdentity(name, str(self.device))
         self.engines: dict[str, Engine] = {}  # filled by start(): loading takes a while
