@@ -63,10 +63,11 @@ def _leases(rt: WorkerRuntime):
 
 
 def test_past_the_deadline_a_sub_request_goes_back_to_its_queue(runtime, redis_url):
-    # Its budget is the model's 1,021 free positions: a fast machine decodes them in under the
-    # fixture's 0.5 s, but not in 50 ms (a step costs more than 50 us on any).
+    # The model's 1,021 positions left after "hello" (a longer budget is refused): a fast
+    # machine decodes them in under the fixture's 0.5 s, but not in 50 ms (a step costs more
+    # than 50 us on any).
     runtime.settings.drain_seconds = 0.05
-    running = _in_background(runtime, _sub(tokens=100_000))
+    running = _in_background(runtime, _sub(tokens=1021))
     t0 = time.monotonic()
     runtime.begin_drain()
     running["thread"].join(10)
