@@ -65,12 +65,15 @@ class ContextWindows:
 
 
 async def _count(tokenizer: Tokenizer, prompts: list[str]) -> list[int]:
-    if sum(map(len, prompts)) <= INLINE_CHARS:
-        encoded = tokenizer.encode_batch(prompts)
+    # Each distinct prompt once: `n` choices repeat theirs.
+    distinct = list(dict.fromkeys(prompts))
+    if sum(map(len, distinct)) <= INLINE_CHARS:
+        encoded = tokenizer.encode_batch(distinct)
     else:
-        encoded = await asyncio.to_thread(tokenizer.encode_batch, prompts)
+        encoded = await asyncio.to_thread(tokenizer.encode_batch, distinct)
     # An empty encoding still feeds the model one token (pipelines/text.py).
-    return [max(1, len(e.ids)) for e in encoded]
+    counts = {p: max(1, len(e.ids)) for p, e in zip(distinct, encoded, strict=True)}
+    return [counts[p] for p in prompts]
 
 
 def _load(path: Path) -> Tokenizer | None:
