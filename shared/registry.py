@@ -104,7 +104,8 @@ class ModelSpec(BaseModel):
         if self.batch_invariant and self.task != "image-generation":
             # Text rows are equal alone and batched up to rounding only (docs/architecture.md).
             raise ValueError(f"model {self.name}: `batch_invariant` is for image models")
-        if self.hf_cache is not None and len(self.path.parts) != 2:
+        if self.hf_cache is not None and (self.path.is_absolute()
+                                          or len(self.path.parts) not in (1, 2)):
             raise ValueError(f"model {self.name}: with `hf_cache`, `path` is a repo id such "
                              f"as Qwen/Qwen2.5-0.5B-Instruct, not {str(self.path)!r}")
         return self

@@ -54,6 +54,11 @@ def test_the_registry_reads_a_repo_id_and_a_cache_relative_to_itself(tmp_path):
     assert (spec.revision, spec.max_context) == ("main", 64)
     with pytest.raises(ValueError, match="repo id"):
         _spec("/models/tiny", hf_cache=tmp_path)
+    # A repo id without an organisation, as the hub's oldest models have.
+    repo = write_hub_cache(_text_model(tmp_path / "src"), tmp_path / "hf", "gpt2")
+    assert repo.name == "models--gpt2"
+    assert model_files.model_folder(_spec("gpt2", hf_cache=tmp_path / "hf")) == \
+        repo / "snapshots" / COMMIT
 
 
 @pytest.mark.parametrize(("config", "context"), [
