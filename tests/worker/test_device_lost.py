@@ -10,10 +10,11 @@ import torch
 from services.worker import exits as exits_module
 from services.worker.engine.device_faults import is_out_of_memory, is_sticky
 from services.worker.exits import ExitReason
+from services.worker.pipelines.text import CausalLMTextPipeline
 from services.worker.runtime import WorkerRuntime
 from shared.celery_config import make_celery
 from shared.jobstore import NewJob
-from shared.messages import SubRequest, TextItem
+from shared.messages import ImageItem, SubRequest, TextItem
 from shared.registry import load_registry
 from shared.settings import Settings
 from tests.conftest import queued
@@ -52,33 +53,48 @@ def test_an_accelerator_error_is_sticky() -> None:
     assert is_sticky(torch.AcceleratorError("CUDA error: an illegal memory access"))
 
 
-@pytest.fixture
-def runtime(redis_url, model_dir):
+# A sub-request of each scheduling: the continuous decoder (text), the graph runner (images).
+ITEMS = {
+    "tiny-gpt2": TextItem(prompt="hello", max_new_tokens=5),
+    "digits": ImageItem(prompt="7", width=16, height=16, steps=2, guidance_scale=2.0, seed=0),
+}
+
+
+@pytest.fixture(params=sorted(ITEMS))
+def runtime(request, redis_url, model_dir):
+    model = request.param
     settings = Settings(redis_url=redis_url, model_registry=model_dir / "registry.yaml",
-                        worker_models="tiny-gpt2", heartbeat_seconds=0.2, lease_seconds=2,
+                        worker_models=model, heartbeat_seconds=0.2, lease_seconds=2,
                         max_attempts=3)
     celery = make_celery(settings)
     rt = WorkerRuntime(settings, load_registry(settings.model_registry), celery)
     rt.start()
-    rt.call(rt.store.create(NewJob(JOB, "text-generation", "tiny-gpt2", {"prompts": ["a", "b"]},
-                                   2)))
+    task = "text-generation" if model == "tiny-gpt2" else "image-generation"
+    rt.call(rt.store.create(NewJob(JOB, task, model, {"prompts": ["a", "b"]}, 2)))
     yield rt
     rt.stop()
     celery.close()
+
+
+def _break(pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its model's forward raises a sticky error from now on."""
+
+    def broken(*args, **kwargs):
+        raise STICKY[0]
+
+    if isinstance(pipeline, CausalLMTextPipeline):
+        monkeypatch.setattr(pipeline, "forward", broken)
+    else:
+        monkeypatch.setattr(pipeline.unet, "forward", broken)
 
 
 def test_a_sticky_error_hands_the_work_back_and_exits(runtime: WorkerRuntime, redis_url,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     exits: list[int] = []
     monkeypatch.setattr(exits_module.os, "_exit", exits.append)
-    pipeline = runtime.engines["tiny-gpt2"].pipeline
-
-    def broken(*args, **kwargs):
-        raise STICKY[0]
-
-    monkeypatch.setattr(pipeline, "forward", broken)
-    sub = SubRequest(job_id=JOB, index=0, model="tiny-gpt2",
-                     item=TextItem(prompt="hello", max_new_tokens=5))
+    (model,) = runtime.engines
+    _break(runtime.engines[model].pipeline, monkeypatch)
+    sub = SubRequest(job_id=JOB, index=0, model=model, item=ITEMS[model])
     assert runtime.handle(sub) == "handed_back"
     deadline = time.monotonic() + 10
     while not exits:
@@ -86,7 +102,7 @@ def test_a_sticky_error_hands_the_work_back_and_exits(runtime: WorkerRuntime, re
         time.sleep(0.01)
     assert exits == [ExitReason.DEVICE_LOST]
     assert len(runtime.flights) == 0
-    assert queued(redis_url, "tiny-gpt2") == 1  # back in its queue
+    assert queued(redis_url, model) == 1  # back in its queue
     assert runtime.call(runtime.store.results(JOB)) == {}
     # Its attempt stays charged, as a lost worker's would: one that breaks every device it
     # runs on is dead-lettered after max_attempts instead of coming back forever.
