@@ -42,7 +42,7 @@ class Drainer:
         """At the drain deadline (time.monotonic), stop what is still held; exit if it will
         not stop."""
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        await self._hand_back_all()
+        await self._hand_back_all("drain deadline passed", ExitReason.STOP_IGNORED_IN_DRAIN)
 
     def device_lost(self) -> None:
         """The device failed for good (engine/device_faults.py): take no more work, hand back
@@ -53,14 +53,15 @@ class Drainer:
             self._lost = asyncio.get_running_loop().create_task(self._exit_device_lost())
 
     async def _exit_device_lost(self) -> None:
-        await self._hand_back_all()
+        await self._hand_back_all("the device failed", ExitReason.DEVICE_LOST)
         exit_worker(ExitReason.DEVICE_LOST)
 
-    async def _hand_back_all(self) -> None:
-        """Stop what is held and wait for it to go back; exit if it will not stop."""
+    async def _hand_back_all(self, why: str, stuck_exit: ExitReason) -> None:
+        """Stop what is held and wait for it to go back; exit with `stuck_exit` if it will
+        not stop."""
         self.expired = True
         if n := self.flights.stop_all(StopReason.DRAIN):
-            log.warning("drain deadline passed: stopping %d sub-request(s) to hand them back", n)
+            log.warning("%s: stopping %d sub-request(s) to hand them back", why, n)
         end = time.monotonic() + DRAIN_STOP_GRACE_SECONDS
         while time.monotonic() < end:
             if not self.flights:
@@ -74,9 +75,9 @@ class Drainer:
                 await self.expire_lease(flight)
             except Exception:  # Redis away: the lease simply expires
                 log.exception("could not expire the lease of %s", flight.sub.member)
-        log.critical("%d sub-request(s) did not stop within %.0fs of the drain deadline; the "
-                     "janitor re-sends them", len(stuck), DRAIN_STOP_GRACE_SECONDS)
-        exit_worker(ExitReason.STOP_IGNORED_IN_DRAIN)
+        log.critical("%s: %d sub-request(s) did not stop within %.0fs; the janitor re-sends "
+                     "them", why, len(stuck), DRAIN_STOP_GRACE_SECONDS)
+        exit_worker(stuck_exit)
 
     async def expire_lease(self, flight: InFlight) -> bool:
         """Give up the lease so any delivery (or the janitor) can take it at once, and the
