@@ -2,6 +2,7 @@
 engine's continuous decoder with prompts of different lengths batched together, gives every
 row the greedy tokens of transformers' own `generate` on that prompt alone."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -44,18 +45,51 @@ def _generate(pipe: CausalLMTextPipeline, prompt: str) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_batched_greedy_rows_equal_generate_alone(architecture: str,
-                                                  architecture_dirs: dict[str, Path]) -> None:
+def _loaded(architecture: str, dirs: dict[str, Path]) -> tuple[CausalLMTextPipeline,
+                                                                list[str]]:
+    """The architecture's pipeline, and `generate`'s text for each prompt alone."""
     spec = ModelSpec(name=f"tiny-{architecture}", kind=ModelKind.CAUSAL_LM,
-                     path=architecture_dirs[architecture], max_batch=len(PROMPTS))
+                     path=dirs[architecture], max_batch=len(PROMPTS))
     pipe = build_pipeline(spec, torch.device("cpu"))
     assert isinstance(pipe, CausalLMTextPipeline)
     pipe.setup()
     assert pipe.model.config.model_type == architecture.replace("-", "_")
-    expected = [_generate(pipe, p) for p in PROMPTS]
+    expected = [pipe.decode(_generate(pipe, p)) for p in PROMPTS]
     # min_new_tokens kept EOS out of `generate`'s tokens; the decoder must run as long.
     pipe.eos_ids = frozenset()
-    results = Engine(pipe).run([TextItem(prompt=p, max_new_tokens=NEW_TOKENS) for p in PROMPTS])
+    return pipe, expected
+
+
+def _items() -> list[TextItem]:
+    return [TextItem(prompt=p, max_new_tokens=NEW_TOKENS) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_batched_greedy_rows_equal_generate_alone(architecture: str,
+                                                  architecture_dirs: dict[str, Path]) -> None:
+    pipe, expected = _loaded(architecture, architecture_dirs)
+    results = Engine(pipe).run(_items())
     assert [r.tokens for r in results] == [NEW_TOKENS] * len(PROMPTS)
-    assert [r.text for r in results] == [pipe.decode(e) for e in expected]
+    assert [r.text for r in results] == expected
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_rows_joining_while_others_decode_equal_generate_alone(
+        architecture: str, architecture_dirs: dict[str, Path]) -> None:
+    """Each prompt arrives a few steps after the one before: rows of different ages share
+    every decode step."""
+    pipe, expected = _loaded(architecture, architecture_dirs)
+    engine = Engine(pipe)
+    decoder = engine.scheduling
+
+    async def staggered() -> list:
+        futures = []
+        for item in _items():
+            rounds = decoder.rounds
+            futures.append(asyncio.ensure_future(engine.submit(item)))
+            while decoder.rounds < rounds + 3 and not all(f.done() for f in futures):
+                await asyncio.sleep(0.0005)
+        return await asyncio.wait_for(asyncio.gather(*futures), 60)
+
+    results = asyncio.run(staggered())
+    assert [r.text for r in results] == expected
