@@ -1,6 +1,7 @@
-"""A sticky device error (engine/device_faults.py) in this process, on real Redis and tiny-gpt2:
-the sub-requests it held go back to their queue, and the worker exits with DEVICE_LOST for the
-launcher to start a clean one (drain.py, exits.py)."""
+"""A sticky device error (engine/device_faults.py) in this process, on real Redis and tiny-gpt2
+or digits: the sub-requests it held go back to their queue, and the worker exits with
+DEVICE_LOST for the launcher to start a clean one (drain.py, exits.py). Out of memory alone
+fails its own sub-request with `out_of_memory`, and the worker serves on."""
 
 import time
 
@@ -76,11 +77,11 @@ def runtime(request, redis_url, model_dir):
     celery.close()
 
 
-def _break(pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its model's forward raises a sticky error from now on."""
+def _break(pipeline, monkeypatch: pytest.MonkeyPatch, error: Exception = STICKY[0]) -> None:
+    """Its model's forward raises `error` from now on."""
 
     def broken(*args, **kwargs):
-        raise STICKY[0]
+        raise error
 
     if isinstance(pipeline, CausalLMTextPipeline):
         monkeypatch.setattr(pipeline, "forward", broken)
@@ -109,3 +110,16 @@ def test_a_sticky_error_hands_the_work_back_and_exits(runtime: WorkerRuntime, re
     assert runtime.call(runtime.store.attempts(JOB, 0)) == 1
     # Taken after the failure: straight back, never run.
     assert runtime.handle(sub.model_copy(update={"index": 1})) == "handed_back"
+
+
+def test_out_of_memory_alone_is_stored_as_such_and_the_worker_serves_on(
+        runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(exits_module.os, "_exit", exits.append)
+    (model,) = runtime.engines
+    _break(runtime.engines[model].pipeline, monkeypatch, NOT_STICKY[0])
+    sub = SubRequest(job_id=JOB, index=0, model=model, item=ITEMS[model])
+    assert runtime.handle(sub) == "failed"
+    error = runtime.call(runtime.store.results(JOB))[0].error
+    assert error.code == "out_of_memory" and "ran out of memory alone" in error.message
+    assert exits == [] and not runtime.drainer.expired
