@@ -268,8 +268,10 @@ class Decoder:
             # Never past the smallest budget left: a row at its budget retires first.
             left = [r.left for r in self.running]
             steps = max(0, min(STEPS_PER_READ, *left)) if left else 0
+            held = self.cache.pages
             for i, r in enumerate(self.running):  # reserved at admission (`_admit`)
-                self.cache.grow(i, r.columns + steps)
+                if len(held[i]) * PAGE_TOKENS < r.columns + steps:
+                    self.cache.grow(i, r.columns + steps)
             t0 = time.perf_counter()
             for step in range(1, steps + 1):
                 self._check_stops()
@@ -323,8 +325,8 @@ class Decoder:
         self.rounds += 1
         for r in self.running:
             r.new = False
-        preempted = self._make_room()
-        free = self.cache.pool.free - self._lacking()
+        preempted, lacking = self._make_room()
+        free = self.cache.pool.free - lacking
         for w in admit:
             if self.returned:
                 self.returned.append(w)
@@ -358,16 +360,18 @@ class Decoder:
 
     def _lacking(self) -> int:
         """The pages the running rows lack for their next steps."""
-        return sum(self.cache.short(i, r.columns + min(STEPS_PER_READ, r.left))
+        held = self.cache.pages
+        return sum(max(0, pages_for(r.columns + min(STEPS_PER_READ, r.left)) - len(held[i]))
                    for i, r in enumerate(self.running))
 
-    def _make_room(self) -> int:
+    def _make_room(self) -> tuple[int, int]:
         """Preempt the youngest rows until the pool has the pages every other running row
         needs for its next steps: each gives its pages back and goes to the front of the
         queue with what it made (`returned`). The oldest row always fits alone (the pool
-        holds at least one full-context row). How many it preempted."""
+        holds at least one full-context row). How many it preempted, and the pages the rows
+        left lack."""
         preempted = 0
-        while self.running and self._lacking() > self.cache.pool.free:
+        while (lacking := self._lacking()) > self.cache.pool.free and self.running:
             slot = max(range(len(self.running)), key=lambda i: self.running[i].order)
             r = self.running[slot]
             self._vacate(slot)
@@ -375,7 +379,7 @@ class Decoder:
             self.returned.insert(0, r.waiting)
             preempted += 1
             metrics.KV_PREEMPTIONS.labels(self.p.spec.name).inc()
-        return preempted
+        return preempted, lacking
 
     def _canceled(self, r: Running | None) -> PipelineStopped:
         """A row stopped: what it had made, if anything."""
@@ -445,10 +449,11 @@ class Decoder:
         n = len(self.running)
         # Each row writes its token at its own position, and the step reads the pages the
         # longest row holds: a row attends to its positions up to the one it writes.
-        pages = pages_for(max(r.columns for r in self.running) + 1)
+        columns = [r.columns for r in self.running]
+        pages = pages_for(max(columns) + 1)
         positions = self.positions[:n]
         mask = self.window[:pages * PAGE_TOKENS] <= positions[:, None]
-        cache.for_decode(n, positions, pages)
+        cache.for_decode(columns, pages)
         logits = p.forward(self.next_ids[:n, None], mask[:, None, None], positions[:, None],
                            cache)
         sampled = any(r.row.item.temperature > 0 for r in self.running)

@@ -3,19 +3,25 @@
 Keys and values live in one (pages, PAGE_TOKENS, kv_heads, head_dim) tensor per layer each,
 allocated once at load and sized by a memory budget (kv_budget.py), never past what the
 model's own context needs for `rows` rows. A row holds the pages its tokens fill (its block
-table: row `i`'s token at position `p` lies in page `table[i, p // PAGE_TOKENS]`), so 32 short
-rows fit where one full-context row does. Page 0 is never a row's (page_pool.py): a block
-table's unused entries point at it.
+table: the token at position `p` of the row in batch row `i` lies in page
+`table[i, p // PAGE_TOKENS]`), so 32 short rows fit where one full-context row does. Page 0 is
+never a row's (page_pool.py): a block table's unused entries point at it.
 
 Keys are stored after the model applied positions to them (GPT-2 adds position embeddings to
 the input; rotary models rotate keys before caching), so where a token lies never changes what
 it means: only the mask and the position ids decide attention.
 
 It is handed to the model as its cache: the model calls `update` once per layer. A prefill
-attends to its own keys, which `update` hands back as it got them; a decode step attends to
-each row's pages, gathered into one (rows, heads, pages x PAGE_TOKENS, head_dim) view per
-layer, from indices computed once per step for all layers. On a GPU a paged-attention kernel
-would read the pages in place instead (docs/architecture.md).
+attends to its own keys, which `update` hands back as it got them. A decode step attends to
+each row's pages, and how it reads them is what a CPU step's time depends on. Each batch row
+has a home region, `region` pages in a row, and takes its pages there while they are free (a
+row that moves into another batch row takes its pages' contents along, where that one's home
+pages are free). While every running row holds only its home pages, the rows' keys are one
+strided view of the pool, read in place as the old fixed slots were; otherwise (a budget below
+`rows` full-context rows, and a row grew past its region or took another's pages) the step
+gathers each row's pages into one (rows, heads, pages x PAGE_TOKENS, head_dim) buffer per
+layer. Measured in docs/architecture.md; on a GPU a paged-attention kernel reads the block
+tables directly.
 """
 
 from dataclasses import dataclass
@@ -24,8 +30,8 @@ import torch
 
 from services.worker.engine.page_pool import PagePool
 
-# Tokens per page. Measured on the 6x256 GPT-2 and tiny-gpt2 at 32 rows: 16 and 32 cost the
-# same per step; 16 wastes less of a row's last page.
+# Tokens per page: 16, as vLLM's default block (measured against 32 on the 6x256 GPT-2 and
+# tiny-gpt2 at 32 rows: the same step time, and less of a row's last page unused).
 PAGE_TOKENS = 16
 
 
@@ -57,55 +63,59 @@ class PagedCache:
         # At least one full-context row, so that every row fits once it runs alone.
         usable = max(self.row_pages, min(wanted, sizing.rows * self.row_pages))
         self.pool = PagePool(usable + 1, model)
+        self.region = usable // sizing.rows
         size = (usable + 1, PAGE_TOKENS, shape.kv_heads, shape.head_dim)
         self.keys = [torch.zeros(size, dtype=dtype, device=device) for _ in range(shape.layers)]
         self.values = [torch.zeros(size, dtype=dtype, device=device)
                        for _ in range(shape.layers)]
+        heads, dim = shape.kv_heads, shape.head_dim
+        pools = list(zip(self.keys, self.values, strict=True))
+        # The same pools as tokens (writes), flat pages (gathers) and home regions (reads in
+        # place: batch row i's region is pages 1 + i x region onwards).
+        self._tokens = [(k.view(-1, heads, dim), v.view(-1, heads, dim)) for k, v in pools]
+        self._pages = [(k.view(usable + 1, -1), v.view(usable + 1, -1)) for k, v in pools]
+        homes = 1 + sizing.rows * self.region
+        width = self.region * PAGE_TOKENS
+        self._regions = [(k[1:homes].view(sizing.rows, width, heads, dim),
+                          v[1:homes].view(sizing.rows, width, heads, dim)) for k, v in pools]
         self.table = torch.zeros((sizing.rows, self.row_pages), dtype=torch.long, device=device)
         self.pages: list[list[int]] = [[] for _ in range(sizing.rows)]
-        # What the next forward does: the token slots it writes, and the pages it reads back
-        # for (rows, pages per row) or, for a prefill, none.
+        self.home = [True] * sizing.rows  # the row holds only its home pages
+        # What the next forward does: the token slots it writes, and whether it reads back
+        # (rows, pages per row) in place, through a gather, or, for a prefill, not at all.
         self._write = torch.zeros(0, dtype=torch.long, device=device)
-        self._read: torch.Tensor | None = None
+        self.decoding = False
+        self.in_place = False
+        self._read = torch.zeros(0, dtype=torch.long, device=device)
         self._reads = (0, 0)
-        # Where a decode step gathers each layer's keys and values: reused by every layer,
-        # grown when a step needs more.
+        self._changed = True  # a block table changed since the last step's gather
+        # Where a gathering step puts each layer's keys and values: reused by every layer,
+        # grown when a step needs more; and the views of them the attention reads.
         self._gathered = [torch.zeros(0, dtype=dtype, device=device) for _ in range(2)]
+        self._into: list[torch.Tensor] = []
+        self._views: tuple[torch.Tensor, ...] = ()
 
     # The model's side --------------------------------------------------------------------
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        read = self._read
-        out = []
-        for i, (states, pool) in enumerate(((key_states, self.keys[layer_idx]),
-                                            (value_states, self.values[layer_idx]))):
-            rows, heads, queries, dim = states.shape
-            tokens = states.transpose(1, 2).reshape(rows * queries, heads, dim)
-            pool.view(-1, heads, dim).index_copy_(0, self._write, tokens)
-            if read is None:
-                continue
-            n, m = self._reads
-            flat = pool.view(pool.shape[0], -1)
-            gathered = self._buffer(i, n * m * flat.shape[1]).view(n * m, flat.shape[1])
-            torch.index_select(flat, 0, read, out=gathered)
-            out.append(gathered.view(n, m * PAGE_TOKENS, heads, dim).transpose(1, 2))
-        if read is None:
+        keys, values = self._tokens[layer_idx]
+        keys.index_copy_(0, self._write, _tokens(key_states))
+        values.index_copy_(0, self._write, _tokens(value_states))
+        if not self.decoding:
             return key_states, value_states
-        return out[0], out[1]
+        n, pages = self._reads
+        if self.in_place:
+            k, v = self._regions[layer_idx]
+            width = pages * PAGE_TOKENS
+            return k[:n, :width].transpose(1, 2), v[:n, :width].transpose(1, 2)
+        for flat, into in zip(self._pages[layer_idx], self._into, strict=True):
+            torch.index_select(flat, 0, self._read, out=into)
+        return self._views[0], self._views[1]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Keys before this forward's: none for a prefill (it attends to itself)."""
-        return 0 if self._read is None else self._reads[1] * PAGE_TOKENS - 1
-
-    def _buffer(self, i: int, numel: int) -> torch.Tensor:
-        if self._gathered[i].numel() < numel:
-            # Doubling, up to every row at full context: a few allocations at most.
-            most = len(self.pages) * self.row_pages * self.keys[0][0].numel()
-            grown = max(numel, min(2 * self._gathered[i].numel(), most))
-            self._gathered[i] = torch.empty(grown, dtype=self.keys[0].dtype,
-                                            device=self.keys[0].device)
-        return self._gathered[i][:numel]
+        return self._reads[1] * PAGE_TOKENS - 1 if self.decoding else 0
 
     # The decoder's side ------------------------------------------------------------------
 
@@ -118,19 +128,30 @@ class PagedCache:
         return max(0, pages_for(tokens) - len(self.pages[row]))
 
     def grow(self, row: int, tokens: int) -> None:
-        """Give `row` the pages it lacks to hold `tokens` tokens; the caller made sure the
-        pool has them."""
+        """Give `row` the pages it lacks to hold `tokens` tokens, its home pages where free;
+        the caller made sure the pool has them."""
         held, lacking = len(self.pages[row]), self.short(row, tokens)
-        if lacking:
-            pages = self.pool.take(lacking)
-            self.table[row, held:held + lacking] = torch.tensor(pages, dtype=torch.long)
-            self.pages[row].extend(pages)
+        if not lacking:
+            return
+        pages = []
+        for j in range(held, held + lacking):
+            home = self._home(row, j)
+            if home is not None and self.pool.take(home):
+                pages.append(home)
+            else:
+                pages.append(self.pool.take_any())
+                self.home[row] = False
+        self.table[row, held:held + lacking] = torch.tensor(pages, dtype=torch.long)
+        self.pages[row].extend(pages)
+        self._changed = True
 
     def release(self, row: int) -> None:
         if self.pages[row]:
             self.pool.give(self.pages[row])
             self.table[row, :len(self.pages[row])] = 0
             self.pages[row] = []
+            self._changed = True
+        self.home[row] = True
 
     def reset(self) -> None:
         """Every row's pages back to the pool."""
@@ -138,11 +159,29 @@ class PagedCache:
             self.release(row)
 
     def move(self, src: int, dst: int) -> None:
-        """Row `src`'s pages become row `dst`'s (whose own went back first): no data moves."""
-        held = len(self.pages[src])
-        self.table[dst, :held] = self.table[src, :held]
+        """Batch row `src`'s pages become row `dst`'s (whose own went back first): each one's
+        contents move to `dst`'s home page where that is free, so reads stay in place."""
+        pages, moved, home = [], [], True
+        for j, page in enumerate(self.pages[src]):
+            target = self._home(dst, j)
+            if page != target and target is not None and self.pool.take(target):
+                moved.append((page, target))
+                page = target
+            home = home and page == target
+            pages.append(page)
+        if moved:
+            sources = torch.tensor([s for s, _ in moved], device=self.table.device)
+            targets = torch.tensor([t for _, t in moved], device=self.table.device)
+            for k, v in zip(self.keys, self.values, strict=True):
+                k.index_copy_(0, targets, k.index_select(0, sources))
+                v.index_copy_(0, targets, v.index_select(0, sources))
+            self.pool.give([s for s, _ in moved])
+        held = len(pages)
+        self.table[dst, :held] = torch.tensor(pages, dtype=torch.long)
         self.table[src, :held] = 0
-        self.pages[dst], self.pages[src] = self.pages[src], []
+        self.pages[dst], self.pages[src] = pages, []
+        self.home[dst], self.home[src] = home, True
+        self._changed = True
 
     def for_prefill(self, rows: slice, positions: torch.Tensor, real: torch.Tensor) -> None:
         """The next forward writes prompts, (rows, width) left-padded at `real`, whose tokens
@@ -150,13 +189,49 @@ class PagedCache:
         table = self.table[rows]
         slots = table.gather(1, positions // PAGE_TOKENS) * PAGE_TOKENS + positions % PAGE_TOKENS
         self._write = slots.masked_fill_(~real, 0).reshape(-1)
-        self._read = None
+        self.decoding = False
 
-    def for_decode(self, n: int, positions: torch.Tensor, pages: int) -> None:
-        """The next forward writes one token for rows 0..n-1 at `positions` (n,), and reads
-        back their first `pages` pages (no row holds more)."""
-        at = positions[:, None]
-        page = self.table[:n].gather(1, at // PAGE_TOKENS)
-        self._write = (page * PAGE_TOKENS + at % PAGE_TOKENS).reshape(-1)
+    def for_decode(self, positions: list[int], pages: int) -> None:
+        """The next forward writes one token for rows 0..n-1 at `positions`, and reads back
+        their first `pages` pages (no row holds more). Worked out on the host, which knows
+        every row's pages: a few tensor ops less per step, which small models feel."""
+        slots = [self.pages[i][at // PAGE_TOKENS] * PAGE_TOKENS + at % PAGE_TOKENS
+                 for i, at in enumerate(positions)]
+        self._write = torch.tensor(slots, dtype=torch.long).to(self.table.device,
+                                                                non_blocking=True)
+        n = len(positions)
+        self.decoding = True
+        self.in_place = all(self.home[:n])
+        if self.in_place or (self._reads == (n, pages) and not self._changed):
+            self._reads = (n, pages)
+            return  # read in place, or the same pages as the step before
+        self._changed = False
         self._read = self.table[:n, :pages].reshape(-1)
         self._reads = (n, pages)
+        page = self._pages[0][0].shape[1]
+        _, _, heads, dim = self.keys[0].shape
+        self._into = [self._buffer(i, n * pages * page).view(n * pages, page) for i in range(2)]
+        self._views = tuple(into.view(n, pages * PAGE_TOKENS, heads, dim).transpose(1, 2)
+                            for into in self._into)
+
+    def _home(self, row: int, index: int) -> int | None:
+        """The home page of batch row `row`'s `index`th page, if its region has one."""
+        return 1 + row * self.region + index if index < self.region else None
+
+    def _buffer(self, i: int, numel: int) -> torch.Tensor:
+        if self._gathered[i].numel() < numel:
+            # Doubling, up to every row at full context: a few allocations at most.
+            most = len(self.pages) * self.row_pages * self.keys[0][0].numel()
+            grown = max(numel, min(2 * self._gathered[i].numel(), most))
+            self._gathered[i] = torch.empty(grown, dtype=self.keys[0].dtype,
+                                            device=self.keys[0].device)
+        return self._gathered[i][:numel]
+
+
+def _tokens(states: torch.Tensor) -> torch.Tensor:
+    """(rows, heads, queries, head_dim) as (rows x queries, heads, head_dim): a view for a
+    decode step's one query."""
+    rows, heads, queries, dim = states.shape
+    if queries == 1:
+        return states[:, :, 0]
+    return states.transpose(1, 2).reshape(rows * queries, heads, dim)

@@ -210,7 +210,7 @@ def test_a_decode_step_reads_only_the_columns_its_rows_hold(
 
     def recording(self, key_states, value_states, layer_idx, *args, **kwargs):
         keys, values = update(self, key_states, value_states, layer_idx, *args, **kwargs)
-        if layer_idx == 0 and self._read is not None:  # a decode step
+        if layer_idx == 0 and self.decoding:  # a decode step
             reads.append((keys.shape[2], len(decoder.running),
                           pages_for(max(r.columns for r in decoder.running) + 1)))
         return keys, values
@@ -583,7 +583,7 @@ def test_a_wider_prompt_joining_keeps_the_running_rows_whole(
 
     def checking(self, key_states, value_states, layer_idx, *args, **kwargs):
         keys, values = update(self, key_states, value_states, layer_idx, *args, **kwargs)
-        if layer_idx == 0 and self._read is not None:  # a decode step
+        if layer_idx == 0 and self.decoding:  # a decode step
             held = max(r.columns for r in engine.scheduling.running) + 1
             if keys.shape[2] < held:
                 cut_off.append(keys.shape[2])
