@@ -21,8 +21,10 @@ STICKY_MESSAGES = (
     "misaligned address",
     "an illegal instruction",
 )
-# The CPU allocator's failure is a plain RuntimeError.
-CPU_OOM_MESSAGES = ("can't allocate memory", "DefaultCPUAllocator")
+# Out of memory that is not a torch.OutOfMemoryError: the CPU allocator's, and a CUDA library
+# failing to allocate its workspace.
+OOM_MESSAGES = ("can't allocate memory", "DefaultCPUAllocator", "CUDA error: out of memory",
+                "CUBLAS_STATUS_ALLOC_FAILED")
 
 
 class OutOfDeviceMemory(FibermillError):
@@ -40,7 +42,7 @@ class DeviceLost(FibermillError):
 def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in CPU_OOM_MESSAGES)
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES)
 
 
 def is_sticky(exc: BaseException) -> bool:
