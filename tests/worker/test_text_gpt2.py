@@ -76,7 +76,7 @@ def test_prefill_and_decode_logits_are_the_models_bit_for_bit(
     for step in range(5):
         pages = pages_for(width + step + 1)
         for cache in (lean_cache, lib_cache):
-            cache.for_decode(pos.tolist(), pages)
+            cache.for_decode(pos.tolist(), pos, pages)
         step_mask = (torch.arange(pages * PAGE_TOKENS) <= pos[:, None])[:, None, None]
         lean = pipeline.forward(nxt[:, None], step_mask, pos[:, None], lean_cache)
         lib = _library(pipeline, nxt[:, None], step_mask, pos[:, None], lib_cache)

@@ -453,7 +453,7 @@ class Decoder:
         pages = pages_for(max(columns) + 1)
         positions = self.positions[:n]
         mask = self.window[:pages * PAGE_TOKENS] <= positions[:, None]
-        cache.for_decode(columns, pages)
+        cache.for_decode(columns, positions, pages)
         logits = p.forward(self.next_ids[:n, None], mask[:, None, None], positions[:, None],
                            cache)
         sampled = any(r.row.item.temperature > 0 for r in self.running)

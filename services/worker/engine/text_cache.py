@@ -81,6 +81,12 @@ class PagedCache:
         self.table = torch.zeros((sizing.rows, self.row_pages), dtype=torch.long, device=device)
         self.pages: list[list[int]] = [[] for _ in range(sizing.rows)]
         self.home = [True] * sizing.rows  # the row holds only its home pages
+        # Where batch row i's home region starts, in tokens: a home row's token at position
+        # p lies at slot start + p.
+        self._starts = torch.arange(1, 1 + sizing.rows * max(1, self.region),
+                                    max(1, self.region), device=device) * PAGE_TOKENS
+        self._in_place: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._in_place_reads = (0, 0)
         # What the next forward does: the token slots it writes, and whether it reads back
         # (rows, pages per row) in place, through a gather, or, for a prefill, not at all.
         self._write = torch.zeros(0, dtype=torch.long, device=device)
@@ -104,11 +110,8 @@ class PagedCache:
         values.index_copy_(0, self._write, _tokens(value_states))
         if not self.decoding:
             return key_states, value_states
-        n, pages = self._reads
         if self.in_place:
-            k, v = self._regions[layer_idx]
-            width = pages * PAGE_TOKENS
-            return k[:n, :width].transpose(1, 2), v[:n, :width].transpose(1, 2)
+            return self._in_place[layer_idx]
         for flat, into in zip(self._pages[layer_idx], self._into, strict=True):
             torch.index_select(flat, 0, self._read, out=into)
         return self._views[0], self._views[1]
@@ -191,20 +194,30 @@ class PagedCache:
         self._write = slots.masked_fill_(~real, 0).reshape(-1)
         self.decoding = False
 
-    def for_decode(self, positions: list[int], pages: int) -> None:
-        """The next forward writes one token for rows 0..n-1 at `positions`, and reads back
-        their first `pages` pages (no row holds more). Worked out on the host, which knows
-        every row's pages: a few tensor ops less per step, which small models feel."""
-        slots = [self.pages[i][at // PAGE_TOKENS] * PAGE_TOKENS + at % PAGE_TOKENS
-                 for i, at in enumerate(positions)]
-        self._write = torch.tensor(slots, dtype=torch.long).to(self.table.device,
-                                                                non_blocking=True)
+    def for_decode(self, positions: list[int], at: torch.Tensor, pages: int) -> None:
+        """The next forward writes one token for rows 0..n-1 at `positions` (`at` on the
+        device), and reads back their first `pages` pages (no row holds more). A step costs a
+        small model a few tensor ops more than a fixed slot did, so what can be is kept from
+        step to step, and the rest worked out on the host, which knows every row's pages."""
         n = len(positions)
         self.decoding = True
         self.in_place = all(self.home[:n])
-        if self.in_place or (self._reads == (n, pages) and not self._changed):
+        if self.in_place:
+            self._write = self._starts[:n] + at
+            if self._in_place_reads != (n, pages):
+                width = pages * PAGE_TOKENS
+                self._in_place = [(k[:n, :width].transpose(1, 2), v[:n, :width].transpose(1, 2))
+                                  for k, v in self._regions]
+                self._in_place_reads = (n, pages)
             self._reads = (n, pages)
-            return  # read in place, or the same pages as the step before
+            self._changed = True  # the gathered pages, if any, are not this step's
+            return
+        slots = [self.pages[i][p // PAGE_TOKENS] * PAGE_TOKENS + p % PAGE_TOKENS
+                 for i, p in enumerate(positions)]
+        self._write = torch.tensor(slots, dtype=torch.long).to(self.table.device,
+                                                                non_blocking=True)
+        if self._reads == (n, pages) and not self._changed:
+            return  # the same pages as the step before
         self._changed = False
         self._read = self.table[:n, :pages].reshape(-1)
         self._reads = (n, pages)
