@@ -1,6 +1,6 @@
 """Causal language models, for continuous batching: the engine's decoder (engine/decoder.py)
-runs rows that join and leave the running batch at step boundaries, in a fixed pool of KV-cache
-slots (engine/text_cache.py).
+runs rows that join and leave the running batch at step boundaries, their keys and values in
+pages of one KV-cache pool sized by a memory budget (engine/text_cache.py).
 
 Every item keeps its own generator, budget and stop strings, so its tokens are the same whether
 it runs alone or beside others. This module loads the model and tokenizer, turns an item into
@@ -27,7 +27,7 @@ from shared.messages import TextItem
 from shared.model_files import context_length
 from shared.settings import get_settings
 
-# Cache columns per slot when the model does not say how many positions it has.
+# Tokens a row may hold when the model does not say how many positions it has.
 DEFAULT_CACHE_LEN = 2048
 
 
@@ -53,7 +53,7 @@ class CausalLMTextPipeline(Pipeline):
         # The context the API measures prompts against (shared/model_files.py reads the same
         # config), so both refuse the same prompts.
         self.context: int = context_length(self.spec) or self.max_positions or DEFAULT_CACHE_LEN
-        # A slot holds the longest sequence a row may have, so every row fits.
+        # The most tokens a row holds in the KV cache, whose pool holds one such row at least.
         self.cache_len = self.context
         # Tokenizing may touch the tokenizer's settings; callers on two threads must not mix.
         self._encode_lock = threading.Lock()
@@ -117,7 +117,7 @@ class CausalLMTextPipeline(Pipeline):
             bos = self.tokenizer.bos_token_id
             ids = [self.tokenizer.eos_token_id if bos is None else bos]
         # Refused, never cut: the API measured it already, so only a job that bypassed it
-        # (or a registry changed since) gets here. A row must also fit its KV-cache slot.
+        # (or a registry changed since) gets here. A row must also fit the KV cache's context.
         limit = min(self.context, self.cache_len)
         if len(ids) + item.max_new_tokens > limit:
             raise ContextLengthExceeded("input.prompts", self.spec.name, limit, len(ids),
