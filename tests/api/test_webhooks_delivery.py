@@ -369,7 +369,11 @@ async def test_two_replicas_deliver_each_webhook_exactly_once(store, receivers, 
     await asyncio.sleep(0.5)
     assert sorted(h.id for h in r.hits) == sorted(webhook_id(x.id, "completed") for x in recs)
     for rec in recs:
-        assert len((await store.get(rec.id)).webhook_deliveries) == 1
+        # One delivery reached the receiver; an attempt that failed on the way (a connect
+        # error on a loaded machine) is retried, never sent twice by the two replicas.
+        deliveries = (await store.get(rec.id)).webhook_deliveries
+        ok = [d for d in deliveries if d.status_code is not None and 200 <= d.status_code < 300]
+        assert len(ok) == 1 and deliveries[-1] is ok[0], deliveries
 
 
 async def test_enqueue_is_idempotent_and_follows_the_filter(store, receivers, outboxes):
