@@ -327,9 +327,10 @@ class Decoder:
             r.new = False
         preempted, lacking = self._make_room()
         free = self.cache.pool.free - lacking
-        for w in admit:
-            if self.returned:
+        for w in list(admit):
+            if self.returned:  # in order: nothing passes a row that waits
                 self.returned.append(w)
+                admit.remove(w)
                 continue
             if w.should_stop is not None and w.should_stop():
                 settles.append((w, None, self._canceled(w.held)))
@@ -340,6 +341,7 @@ class Decoder:
             if need > free:
                 w.held = r
                 self.returned.append(w)
+                admit.remove(w)
                 continue
             free -= need
             rows.append(r)
