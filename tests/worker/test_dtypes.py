@@ -15,21 +15,12 @@ from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
 from shared.settings import REPO_ROOT
+from tests.worker.engine.test_decoder import PROMPTS
 from tests.worker.tiny_architectures import build
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 # The first step's logits: bf16 against float32, at most this share of float32's largest.
 LOGITS_TOLERANCE = 0.02
-PROMPTS = [
-    "Hello",
-    "The quick brown fox jumps over the lazy dog, and then",
-    "Return a new list of the items",
-    "If the",
-    "This function",
-    "Return True if",
-    "A",
-    "Split the string at every comma",
-]
 NEW_TOKENS = 16
 
 
