@@ -3,7 +3,6 @@ package, type-only imports included), no package's `__init__` is imported back b
 modules, the services import no tooling, and no function takes more than 8 parameters."""
 
 import ast
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,42 +90,46 @@ def _package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one node (Tarjan)."""
+    """The strongly connected components of more than one node (Tarjan's, iterative: changing
+    the recursion limit mid-run upsets CPython 3.11's AST validator in later tests)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
     found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(edges.get(node, ())):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                top = stack.pop()
-                on_stack.discard(top)
-                component.append(top)
-                if top == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10 * len(edges)))
-    try:
-        for node in sorted(edges):
-            if node not in index:
-                visit(node)
-    finally:
-        sys.setrecursionlimit(limit)
+    for root in sorted(edges):
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
     return found
 
 
