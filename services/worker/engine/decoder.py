@@ -43,6 +43,7 @@ from services.worker import metrics
 from services.worker.engine import device_faults, sync
 from services.worker.engine.batch import Batch
 from services.worker.engine.decoder_rows import Running, Settle, Waiting
+from services.worker.engine.growth import GrowthEstimate
 from services.worker.engine.model_code import StepModel
 from services.worker.engine.results import Result, TextResult
 from services.worker.engine.run_stops import RunStops
@@ -93,6 +94,7 @@ class Decoder:
         # preempted on the device thread; the queue belongs to the loop).
         self.short_of_pages = 0
         self.returned: list[Waiting] = []
+        self.growth = GrowthEstimate()
         self.waiting: deque[Waiting] = deque()
         self.running: list[Running] = []
         self.expected = 0  # sub-requests on their way (taken from the queue, not yet here)
@@ -326,7 +328,10 @@ class Decoder:
         for r in self.running:
             r.new = False
         preempted, lacking = self._make_room()
-        free = self.cache.pool.free - lacking
+        if not preempted:
+            self.growth.calm()
+        # What the running rows are expected to grow into stays free for them.
+        free = self.cache.pool.free - lacking - self._growth_reserve()
         for w in list(admit):
             if self.returned:  # in order: nothing passes a row that waits
                 self.returned.append(w)
@@ -337,8 +342,9 @@ class Decoder:
                 continue
             r, w.held = w.held or self._started(w), None
             # Its prompt (and what it made before), and the tokens its next steps write.
-            need = pages_for(len(r.ids) + min(STEPS_PER_READ, r.left - 1))
-            if need > free:
+            need = pages_for(len(r.ids) + max(min(STEPS_PER_READ, r.left - 1),
+                                              self.growth.tokens(r.left)))
+            if need > free and (rows or self.running):
                 w.held = r
                 self.returned.append(w)
                 admit.remove(w)
@@ -366,6 +372,14 @@ class Decoder:
         return sum(max(0, pages_for(r.columns + min(STEPS_PER_READ, r.left)) - len(held[i]))
                    for i, r in enumerate(self.running))
 
+    def _growth_reserve(self) -> int:
+        """The pages the running rows are expected to grow into, past their next steps."""
+        held = self.cache.pages
+        return sum(max(0, pages_for(r.columns + max(min(STEPS_PER_READ, r.left),
+                                                    self.growth.tokens(r.left)))
+                       - max(len(held[i]), pages_for(r.columns + min(STEPS_PER_READ, r.left))))
+                   for i, r in enumerate(self.running))
+
     def _make_room(self) -> tuple[int, int]:
         """Preempt the youngest rows until the pool has the pages every other running row
         needs for its next steps: each gives its pages back and goes to the front of the
@@ -380,6 +394,7 @@ class Decoder:
             r.waiting.held = r
             self.returned.insert(0, r.waiting)
             preempted += 1
+            self.growth.preempted()
             metrics.KV_PREEMPTIONS.labels(self.p.spec.name).inc()
         return preempted, lacking
 

@@ -18,6 +18,7 @@ from services.worker.engine.batch import Batch
 from services.worker.engine.decoder import STEPS_PER_READ, Decoder
 from services.worker.engine.decoder_rows import Waiting
 from services.worker.engine.engine import Engine
+from services.worker.engine.growth import GrowthEstimate
 from services.worker.engine.scheduling import Ticket
 from services.worker.engine.stopped import PipelineStopped
 from services.worker.engine.text_cache import PAGE_TOKENS, pages_for
@@ -276,6 +277,8 @@ def test_staggered_arrivals_through_preemption_match_alone(model_dir: Path, loop
     items = random_items(40, seed=1, max_tokens=24)  # each within a row's 48 tokens
     reference = alone(pipe, items)
     engine = engine_for(pipe)
+    # Admitted on their prompts alone, so that running rows do push the youngest out.
+    engine.scheduling.growth = GrowthEstimate(ratio=0.0, floor=0.0, step=0.0)
     rng = random.Random(2)
     delays = [rng.random() * 0.3 for _ in items]
 

@@ -10,6 +10,7 @@ import torch
 
 from services.worker import metrics
 from services.worker.engine.batch import Batch
+from services.worker.engine.growth import GrowthEstimate
 from services.worker.engine.kv_budget import CPU_DEFAULT_BYTES, Budget, budget_bytes
 from services.worker.engine.scheduling import PLAIN, Ticket
 from services.worker.engine.stopped import PipelineStopped
@@ -42,6 +43,12 @@ def loop():
     lp = Loop()
     yield lp
     lp.close()
+
+
+def _no_reserve() -> GrowthEstimate:
+    """Admission on a row's prompt and next steps alone (vLLM's), never learning otherwise:
+    rows then grow into each other, so the tests of preemption get it for sure."""
+    return GrowthEstimate(ratio=0.0, floor=0.0, step=0.0)
 
 
 def _used(pipe: CausalLMTextPipeline) -> float:
@@ -111,6 +118,7 @@ def test_a_row_preempted_for_pages_is_recomputed_to_the_same_tokens(
     assert [r.tokens for r in reference] == [50, 50]  # no EOS: the scenario holds
     before = _preemptions(pipe)
     engine = engine_for(pipe)
+    engine.scheduling.growth = _no_reserve()
 
     async def together():
         return await asyncio.gather(*(engine.submit(item) for item in items))
@@ -164,6 +172,7 @@ def test_every_page_goes_back_whatever_ends_a_row(model_dir: Path, loop: Loop,
                      kv_cache_bytes=4 * PAGE_BYTES)
     engine = engine_for(pipe)
     decoder = engine.scheduling
+    decoder.growth = _no_reserve()
     items = [TextItem(prompt=f"the quick brown fox {i}", max_new_tokens=40, seed=i,
                       temperature=0.5 * (i % 2)) for i in range(4)]
 
@@ -210,3 +219,28 @@ def test_every_page_goes_back_whatever_ends_a_row(model_dir: Path, loop: Loop,
     assert [o.tokens for o in outcomes[:3]] == [40] * 3
     assert isinstance(outcomes[3], PipelineStopped)
     assert returned() and not decoder.waiting
+
+
+def test_admission_keeps_pages_for_the_running_rows_growth(model_dir: Path, loop: Loop):
+    # Rows that run to their budget in a pool of two of them: admitted on their prompts alone
+    # they preempt each other as they grow; with pages kept for the growth the estimate
+    # learns, fewer are preempted, and every row still gives its tokens alone.
+    items = [TextItem(prompt=f"the quick brown fox number {i}", max_new_tokens=40,
+                      temperature=0.9 * (i % 2), seed=i) for i in range(8)]
+    preempted = {}
+    for name, growth in (("none", _no_reserve()),
+                         ("learned", GrowthEstimate())):
+        pipe = _pipeline(model_dir, f"tiny-gpt2-kv-growth-{name}", cache_len=64, max_batch=8,
+                         kv_cache_bytes=8 * PAGE_BYTES)
+        reference = alone(pipe, items)
+        engine = engine_for(pipe)
+        engine.scheduling.growth = growth
+        before = _preemptions(pipe)
+
+        async def together(engine=engine):
+            return await asyncio.gather(*(engine.submit(item) for item in items))
+
+        assert loop.run(together()) == reference
+        preempted[name] = _preemptions(pipe) - before
+        assert engine.scheduling.cache.used == 0
+    assert preempted["learned"] < preempted["none"], preempted
