@@ -6,9 +6,9 @@ checkpoints: a Hugging Face cache, a template found in the tokenizer, a short co
 
 from pathlib import Path
 
-import torch
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from modelbuild.causal_lm import save_seeded
 from modelbuild.tokenizers import train_gpt2_tokenizer
 
 SEED = 0
@@ -40,12 +40,4 @@ def build(out_dir: Path, max_positions: int = MAX_POSITIONS) -> None:
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
     )
-    # A private RNG state: the weights depend only on SEED, and the caller's RNG is untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
-        model = Qwen2ForCausalLM(config).eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
-    )
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_seeded(Qwen2ForCausalLM, config, tokenizer, out_dir, SEED)

@@ -6,9 +6,9 @@ generate, stop) with a real `GPT2LMHeadModel` in well under a second.
 
 from pathlib import Path
 
-import torch
-from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel
 
+from modelbuild.causal_lm import save_seeded
 from modelbuild.tokenizers import train_gpt2_tokenizer
 
 SEED = 0
@@ -30,12 +30,4 @@ def build(out_dir: Path) -> None:
         eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id,
     )
-    # A private RNG state: the weights depend only on SEED, and the caller's RNG is untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
-        model = GPT2LMHeadModel(config).eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
-    )
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_seeded(GPT2LMHeadModel, config, tokenizer, out_dir, SEED)

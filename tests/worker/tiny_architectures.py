@@ -4,12 +4,10 @@ tiny-gpt2's offline tokenizer. Each builds in well under a second."""
 
 from pathlib import Path
 
-import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     Gemma2Config,
-    GenerationConfig,
     GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
@@ -18,6 +16,8 @@ from transformers import (
     PretrainedConfig,
     Qwen2Config,
 )
+
+from modelbuild.causal_lm import save_seeded
 
 SEED = 0
 POSITIONS = 256
@@ -56,11 +56,4 @@ def build(architecture: str, tokenizer_dir: Path, out_dir: Path) -> None:
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     config = _configs(len(tokenizer))[architecture]
     config.bos_token_id, config.eos_token_id, config.pad_token_id = eos, eos, pad
-    # A private RNG state: the weights depend only on SEED, and the caller's RNG is untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
-        model = AutoModelForCausalLM.from_config(config).eval()
-    model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos,
-                                               pad_token_id=pad)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_seeded(AutoModelForCausalLM.from_config, config, tokenizer, out_dir, SEED)
