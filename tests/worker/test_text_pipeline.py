@@ -192,7 +192,7 @@ def test_the_registrys_max_context_is_the_limit(model_dir: Path) -> None:
                      path=model_dir / "tiny-gpt2", max_context=32)
     pipe = build_pipeline(spec, torch.device("cpu"))
     pipe.load()
-    assert pipe.context == pipe.cache_len == 32
+    assert pipe.context == pipe.kv_cache(1).length == 32
     with pytest.raises(ContextLengthExceeded, match="context of 32 tokens"):
         pipe.start(TextItem(prompt=PROMPTS[1], max_new_tokens=30))
 

@@ -52,9 +52,9 @@ class CausalLMTextPipeline(Pipeline):
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         # The context the API measures prompts against (shared/model_files.py reads the same
         # config), so both refuse the same prompts.
+        # It is also the most tokens a row holds in the KV cache, whose pool holds one such
+        # row at least.
         self.context: int = context_length(self.spec) or self.max_positions or DEFAULT_CACHE_LEN
-        # The most tokens a row holds in the KV cache, whose pool holds one such row at least.
-        self.cache_len = self.context
         # Tokenizing may touch the tokenizer's settings; callers on two threads must not mix.
         self._encode_lock = threading.Lock()
 
@@ -78,7 +78,7 @@ class CausalLMTextPipeline(Pipeline):
         settings = get_settings()
         budget = Budget(self.spec.kv_cache_bytes, settings.kv_cache_bytes,
                         settings.gpu_memory_utilization)
-        sizing = Sizing(rows=rows, context=self.cache_len,
+        sizing = Sizing(rows=rows, context=self.context,
                         budget=budget_bytes(budget, self.device))
         return PagedCache(shape, sizing, self.dtype, self.device, self.spec.name)
 
@@ -117,10 +117,9 @@ class CausalLMTextPipeline(Pipeline):
             bos = self.tokenizer.bos_token_id
             ids = [self.tokenizer.eos_token_id if bos is None else bos]
         # Refused, never cut: the API measured it already, so only a job that bypassed it
-        # (or a registry changed since) gets here. A row must also fit the KV cache's context.
-        limit = min(self.context, self.cache_len)
-        if len(ids) + item.max_new_tokens > limit:
-            raise ContextLengthExceeded("input.prompts", self.spec.name, limit, len(ids),
+        # (or a registry changed since) gets here.
+        if len(ids) + item.max_new_tokens > self.context:
+            raise ContextLengthExceeded("input.prompts", self.spec.name, self.context, len(ids),
                                         item.max_new_tokens)
         return Row(item=item, prompt=ids, budget=item.max_new_tokens)
 

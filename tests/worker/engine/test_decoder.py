@@ -44,13 +44,10 @@ WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", 
          "some", "more"]
 
 
-def _pipeline(model_dir: Path, name: str = MODEL, cache_len: int | None = None,
-              **spec) -> CausalLMTextPipeline:
+def _pipeline(model_dir: Path, name: str = MODEL, **spec) -> CausalLMTextPipeline:
     spec = ModelSpec(name=name, kind=ModelKind.CAUSAL_LM, path=model_dir / "tiny-gpt2", **spec)
     pipe = CausalLMTextPipeline(spec, torch.device("cpu"))
     pipe.load()
-    if cache_len is not None:
-        pipe.cache_len = cache_len
     pipe.prepare()
     return pipe
 
@@ -272,7 +269,7 @@ def test_staggered_arrivals_through_preemption_match_alone(model_dir: Path, loop
     # and running rows that need one push the youngest out, to be recomputed later, as the
     # arrival times have it (test_kv_pages.py builds each case for sure).
     spec = {"max_batch": 4, "kv_cache_bytes": 4 * 16 * 1024}
-    pipe = _pipeline(model_dir, name="tiny-gpt2-short-cache", cache_len=48, **spec)
+    pipe = _pipeline(model_dir, name="tiny-gpt2-short-cache", max_context=48, **spec)
     assert 4 * _page_bytes(pipe) == spec["kv_cache_bytes"]
     items = random_items(40, seed=1, max_tokens=24)  # each within a row's 48 tokens
     reference = alone(pipe, items)

@@ -27,14 +27,11 @@ PAGE_BYTES = 2 * 2 * PAGE_TOKENS * 64 * 4
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
 
 
-def _pipeline(model_dir: Path, name: str, cache_len: int | None = None,
-              **spec) -> CausalLMTextPipeline:
+def _pipeline(model_dir: Path, name: str, **spec) -> CausalLMTextPipeline:
     pipe = CausalLMTextPipeline(
         ModelSpec(name=name, kind=ModelKind.CAUSAL_LM, path=model_dir / "tiny-gpt2", **spec),
         torch.device("cpu"))
     pipe.load()
-    if cache_len is not None:
-        pipe.cache_len = cache_len
     return pipe
 
 
@@ -110,7 +107,7 @@ def test_a_row_preempted_for_pages_is_recomputed_to_the_same_tokens(
     # Two rows of up to 64 tokens (4 pages) in a pool of 4 pages: both start, and when the
     # older one needs a page, the younger gives its pages back and waits, then runs again from
     # its prompt and the tokens it made.
-    pipe = _pipeline(model_dir, f"tiny-gpt2-kv-preempt-{temperature}", cache_len=64,
+    pipe = _pipeline(model_dir, f"tiny-gpt2-kv-preempt-{temperature}", max_context=64,
                      max_batch=2, kv_cache_bytes=4 * PAGE_BYTES)
     items = [TextItem(prompt=f"the quick brown fox number {i}", max_new_tokens=50,
                       temperature=temperature, seed=11 + i) for i in range(2)]
@@ -129,7 +126,7 @@ def test_a_row_preempted_for_pages_is_recomputed_to_the_same_tokens(
 
 
 def test_an_item_waits_for_pages_while_a_row_slot_is_free(model_dir: Path, loop: Loop):
-    pipe = _pipeline(model_dir, "tiny-gpt2-kv-wait", cache_len=64, max_batch=4,
+    pipe = _pipeline(model_dir, "tiny-gpt2-kv-wait", max_context=64, max_batch=4,
                      kv_cache_bytes=4 * PAGE_BYTES)
     long = TextItem(prompt="the quick brown fox jumps over the lazy dog " * 2,
                     max_new_tokens=12)
@@ -168,7 +165,7 @@ def test_an_item_waits_for_pages_while_a_row_slot_is_free(model_dir: Path, loop:
 
 def test_every_page_goes_back_whatever_ends_a_row(model_dir: Path, loop: Loop,
                                                  monkeypatch: pytest.MonkeyPatch):
-    pipe = _pipeline(model_dir, "tiny-gpt2-kv-return", cache_len=64, max_batch=4,
+    pipe = _pipeline(model_dir, "tiny-gpt2-kv-return", max_context=64, max_batch=4,
                      kv_cache_bytes=4 * PAGE_BYTES)
     engine = engine_for(pipe)
     decoder = engine.scheduling
@@ -230,7 +227,7 @@ def test_admission_keeps_pages_for_the_running_rows_growth(model_dir: Path, loop
     preempted = {}
     for name, growth in (("none", _no_reserve()),
                          ("learned", GrowthEstimate())):
-        pipe = _pipeline(model_dir, f"tiny-gpt2-kv-growth-{name}", cache_len=64, max_batch=8,
+        pipe = _pipeline(model_dir, f"tiny-gpt2-kv-growth-{name}", max_context=64, max_batch=8,
                          kv_cache_bytes=8 * PAGE_BYTES)
         reference = alone(pipe, items)
         engine = engine_for(pipe)
