@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from benchmarks import engine, openai_compat, outputs, peers, queue_cost
+from benchmarks import engine, kv_memory, openai_compat, outputs, peers, queue_cost, real_model
 from benchmarks.lifecycle import cancel_to_free, webhook_latency
 from benchmarks.machine import machine
 from benchmarks.stack import bench_stack
@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--peers", choices=("full", "quick", "skip"), default="full",
                     help="the peers section (peers.py): full, a short smoke run, or none")
+    ap.add_argument("--no-real-model", action="store_true",
+                    help="leave out the Qwen2.5-0.5B-shaped section (real_model.py, ~20 min)")
     args = ap.parse_args()
     # Every model in the registry; webhooks to the benchmark's own receiver on localhost.
     with (bench_stack(env={"FIBERMILL_WEBHOOK_ALLOW_PRIVATE": "true"}) as stack,
@@ -69,6 +71,8 @@ def main() -> None:
     peer_figures = None
     if args.peers != "skip":
         peer_figures = peers.run(peers.QUICK if args.peers == "quick" else peers.FULL)
+    kv_figures = kv_memory.run()
+    real_figures = None if args.no_real_model else real_model.run()
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks", "",
@@ -98,6 +102,9 @@ def main() -> None:
               *queue_cost.report(queue_figures)]
     if peer_figures is not None:
         lines += ["", *peers.report(peer_figures, header=True, machine=machine())]
+    lines += ["", *kv_memory.report(kv_figures)]
+    if real_figures is not None:
+        lines += ["", *real_model.report(real_figures)]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -21,7 +21,10 @@ def load(model_dir: Path | str, device: str = "cpu"):
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    # float32 on the CPU whatever the checkpoint's dtype, as Fibermill's `dtype: auto`; on a
+    # GPU the checkpoint's own.
+    dtype = torch.float32 if device == "cpu" else "auto"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype)
     # transformers wraps `to` in a decorator whose stub drops the bound self
     return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 

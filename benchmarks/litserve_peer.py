@@ -50,9 +50,11 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--batch-timeout", type=float, default=0.01)
+    ap.add_argument("--timeout", type=float, default=300, help="a request's, in seconds")
     args = ap.parse_args()
     api = GenerateAPI(args.model_dir, args.max_batch_size, args.batch_timeout)
-    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=300)
+    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1,
+                          timeout=args.timeout)
     server.run(host=args.host, port=args.port, num_api_servers=1, generate_client_file=False,
                log_level="warning")
 

@@ -31,15 +31,15 @@ def litserve_available() -> bool:
 
 @contextmanager
 def litserve_server(model_dir: Path, logdir: Path, max_batch: int, batch_timeout: float,
-                    threads: int | None = None) -> Iterator[Server]:
+                    threads: int | None = None, timeout: float = 300) -> Iterator[Server]:
     """benchmarks/litserve_peer.py in its own session (LitServe starts several
-    processes, `threads` intra-op threads each); yields it, and stops the whole process group
-    at the end."""
+    processes, `threads` intra-op threads each; `timeout`: a request's, in seconds); yields
+    it, and stops the whole process group at the end."""
     port = free_port()
     log = logdir / f"litserve-{port}.log"
     cmd = [sys.executable, "-m", "benchmarks.litserve_peer", "--model-dir", str(model_dir),
            "--port", str(port), "--max-batch-size", str(max_batch),
-           "--batch-timeout", str(batch_timeout)]
+           "--batch-timeout", str(batch_timeout), "--timeout", str(timeout)]
     with open(log, "wb") as out:
         env = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads)})}
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,

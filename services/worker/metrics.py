@@ -61,6 +61,12 @@ KV_PAGES_TOTAL = Gauge(
 KV_PAGES_USED = Gauge(
     "fibermill_kv_cache_pages_used", "KV-cache pages held by running rows right now", ["model"]
 )
+KV_TOKENS = Gauge(
+    "fibermill_kv_cache_tokens",
+    "Tokens the running rows hold in their KV-cache pages: over 16 x pages used, how full the "
+    "pages are",
+    ["model"],
+)
 KV_ROWS_WAITING = Gauge(
     "fibermill_kv_cache_rows_waiting",
     "Text rows a free row slot was there for that wait for KV-cache pages",

@@ -77,6 +77,8 @@ class Decoder:
         self.slots = slots
         self.max_wait_s = max_wait_s
         self.cache = model.kv_cache(slots)
+        self._pages_gauge = metrics.KV_PAGES_USED.labels(model.spec.name)
+        self._tokens_gauge = metrics.KV_TOKENS.labels(model.spec.name)
         device = model.device
         self.next_ids = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
@@ -237,6 +239,7 @@ class Decoder:
         rows = [r.waiting for r in held] + [w for w in admit if id(w) not in running]
         self.running.clear()
         self.cache.reset()
+        self._publish()
         if len(rows) == 1 and (rows[0].isolate or not settles):
             log.warning("a %s text row failed alone: %s: %s", self.p.spec.name,
                         type(exc).__name__, exc)
@@ -260,6 +263,7 @@ class Decoder:
         self.running.clear()
         self.waiting.clear()
         self.cache.reset()
+        self._publish()
         return [(w, None, device_faults.lost(exc)) for w in rows]
 
     # Device thread side ----------------------------------------------------------------------
@@ -287,7 +291,15 @@ class Decoder:
                 self._read(steps)
                 if steps:
                     self.step_seconds = (time.perf_counter() - t0) / steps
-            return settles + self._retire()
+            settles += self._retire()
+            self._publish()
+            return settles
+
+    def _publish(self) -> None:
+        """The pool's gauges, set together where the pages used are the running rows' own, so
+        that tokens over 16 x pages reads how full their pages are."""
+        self._pages_gauge.set(self.cache.used)
+        self._tokens_gauge.set(sum(r.columns for r in self.running))
 
     def _joins_sooner(self, steps_left: int) -> bool:
         """Whether an item waits for a free slot and the iteration's other `steps_left` steps

@@ -18,8 +18,7 @@ class PagePool:
         self._free = set(range(1, pages))
         self._highest = [-p for p in range(pages - 1, 0, -1)]  # a heap; stale entries skipped
         metrics.KV_PAGES_TOTAL.labels(model).set(self.total)
-        self._used = metrics.KV_PAGES_USED.labels(model)
-        self._used.set(0)
+        metrics.KV_PAGES_USED.labels(model).set(0)  # the decoder sets it after each iteration
 
     @property
     def free(self) -> int:
@@ -34,7 +33,6 @@ class PagePool:
         if page not in self._free:
             return False
         self._free.remove(page)
-        self._used.set(self.used)
         return True
 
     def take_any(self) -> int:
@@ -43,7 +41,6 @@ class PagePool:
             page = -heapq.heappop(self._highest)
             if page in self._free:
                 self._free.remove(page)
-                self._used.set(self.used)
                 return page
 
     def give(self, pages: list[int]) -> None:
@@ -53,4 +50,3 @@ class PagePool:
         if len(self._highest) > 2 * self.total:  # drop the stale entries
             self._highest = [-p for p in self._free]
             heapq.heapify(self._highest)
-        self._used.set(self.used)

@@ -241,3 +241,34 @@ def test_admission_keeps_pages_for_the_running_rows_growth(model_dir: Path, loop
         preempted[name] = _preemptions(pipe) - before
         assert engine.scheduling.cache.used == 0
     assert preempted["learned"] < preempted["none"], preempted
+
+
+def test_the_tokens_gauge_reads_against_the_pages_used(model_dir: Path, loop: Loop):
+    # fibermill_kv_cache_tokens over 16 x fibermill_kv_cache_pages_used is how full the pages
+    # are: after each iteration, each running row's pages hold its tokens with its last page
+    # partly empty, and nothing is held once every row has ended.
+    pipe = _pipeline(model_dir, "tiny-gpt2-kv-tokens", max_context=128, max_batch=4)
+    engine = engine_for(pipe)
+    decoder = engine.scheduling
+    tokens = metrics.KV_TOKENS.labels(pipe.spec.name)
+    seen: list[tuple[float, float, int]] = []
+    iterate = decoder._iterate
+
+    def watched(admit):
+        settles = iterate(admit)
+        seen.append((tokens._value.get(), _used(pipe), len(decoder.running)))
+        return settles
+
+    decoder._iterate = watched
+    items = [TextItem(prompt=" ".join(WORDS[: 1 + i]), max_new_tokens=10 + 7 * i)
+             for i in range(4)]
+
+    async def together():
+        return await asyncio.gather(*(engine.submit(item) for item in items))
+
+    loop.run(together())
+    running = [(t, used, rows) for t, used, rows in seen if rows]
+    assert running
+    for held, used, rows in running:
+        assert PAGE_TOKENS * (used - rows) < held <= PAGE_TOKENS * used
+    assert tokens._value.get() == 0 and _used(pipe) == 0
