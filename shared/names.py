@@ -139,5 +139,17 @@ def batch_jobs_key(batch_id: str) -> str:
 
 
 def batch_done_key(batch_id: str) -> str:
-    """A batch's finished lines: line index -> "o" or "e" + the output or error file's line."""
+    """A batch's finished lines: bit i set once line index i is done (a bitmap)."""
     return f"{PREFIX}:batch:{batch_id}:done"
+
+
+def batch_lines_key(batch_id: str) -> str:
+    """A batch's finished lines not yet written to a part in the blob store: line index ->
+    "o" or "e" + the output or error file's line (hash)."""
+    return f"{PREFIX}:batch:{batch_id}:lines"
+
+
+def batch_parts_key(batch_id: str) -> str:
+    """The blob keys of a batch's parts: its finished lines, written out a part at a time
+    (list)."""
+    return f"{PREFIX}:batch:{batch_id}:parts"

@@ -1,13 +1,15 @@
 """The one interface of the blob store, with key checks and metrics in one place: a backend
 implements the underscored methods and counts nothing itself."""
 
+import asyncio
 import mimetypes
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import ClassVar
+from typing import BinaryIO, ClassVar
 
 from shared.blobstore import metrics
 from shared.blobstore.blob import Blob
@@ -50,6 +52,39 @@ class BlobStore(ABC):
         with self._measured("put"):
             await self._put(key, data, content_type or content_type_of(key))
         metrics.WRITTEN_BYTES.labels(self.backend).inc(len(data))
+        metrics.OBJECTS_WRITTEN.labels(self.backend).inc()
+
+    async def put_file(self, key: str, f: BinaryIO, content_type: str | None = None) -> None:
+        """Store the whole of a seekable file (from its start, whatever its position) under
+        `key`, as put does, read a chunk at a time: a large upload is never in memory whole."""
+        check_key(key)
+        size = await asyncio.to_thread(_size_of, f)
+        with self._measured("put"):
+            await self._put_file(key, f, size, content_type or content_type_of(key))
+        metrics.WRITTEN_BYTES.labels(self.backend).inc(size)
+        metrics.OBJECTS_WRITTEN.labels(self.backend).inc()
+
+    async def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes `start` to `end` (excluded) of the object, fewer when it ends before `end`:
+        a part of a large object without reading the rest. BlobNotFound when there is none."""
+        check_key(key)
+        if not 0 <= start <= end:
+            raise ValueError(f"not a byte range: {start} to {end}")
+        if start == end:
+            return b""
+        with self._measured("read"):
+            data = await self._read_range(key, start, end)
+        metrics.READ_BYTES.labels(self.backend).inc(len(data))
+        return data
+
+    async def copy(self, source: str, key: str) -> None:
+        """Store a copy of the object under `source` under `key` (replacing what was there),
+        without its bytes passing through this process where the backend can (S3 copies on
+        the server). BlobNotFound when `source` has no object."""
+        check_key(source)
+        check_key(key)
+        with self._measured("copy"):
+            await self._copy(source, key)
         metrics.OBJECTS_WRITTEN.labels(self.backend).inc()
 
     async def open(self, key: str) -> Blob:
@@ -152,6 +187,15 @@ class BlobStore(ABC):
     async def _put(self, key: str, data: bytes, content_type: str) -> None: ...
 
     @abstractmethod
+    async def _put_file(self, key: str, f: BinaryIO, size: int, content_type: str) -> None: ...
+
+    @abstractmethod
+    async def _read_range(self, key: str, start: int, end: int) -> bytes: ...
+
+    @abstractmethod
+    async def _copy(self, source: str, key: str) -> None: ...
+
+    @abstractmethod
     async def _open(self, key: str) -> Blob: ...
 
     @abstractmethod
@@ -172,3 +216,10 @@ class BlobStore(ABC):
 
     @abstractmethod
     def _keys(self, prefix: str) -> AsyncIterator[str]: ...
+
+
+def _size_of(f: BinaryIO) -> int:
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(0)
+    return size

@@ -8,7 +8,7 @@ import errno
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -52,12 +52,47 @@ class LocalBlobStore(BlobStore):
 
     async def _put(self, key: str, data: bytes, content_type: str) -> None:
         try:
-            await asyncio.to_thread(self._write, self._path(key), data)
+            await asyncio.to_thread(self._write, self._path(key), lambda out: out.write(data))
         except OSError as exc:
             raise self._unavailable("put", exc, key) from exc
 
+    async def _put_file(self, key: str, f: BinaryIO, size: int, content_type: str) -> None:
+        def fill(out: BinaryIO) -> None:
+            f.seek(0)
+            shutil.copyfileobj(f, out, self.chunk_size)
+
+        try:
+            await asyncio.to_thread(self._write, self._path(key), fill)
+        except OSError as exc:
+            raise self._unavailable("put", exc, key) from exc
+
+    async def _copy(self, source: str, key: str) -> None:
+        try:
+            f, size = await asyncio.to_thread(self._open_file, self._path(source))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise BlobNotFound(source) from None
+        except OSError as exc:
+            raise self._unavailable("copy", exc, source) from exc
+        try:
+            await self._put_file(key, f, size, content_type_of(key))
+        finally:
+            f.close()
+
+    async def _read_range(self, key: str, start: int, end: int) -> bytes:
+        def read() -> bytes:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read(end - start)
+
+        try:
+            return await asyncio.to_thread(read)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise BlobNotFound(key) from None
+        except OSError as exc:
+            raise self._unavailable("read", exc, key) from exc
+
     @staticmethod
-    def _write(path: Path, data: bytes) -> None:
+    def _write(path: Path, fill: Callable[[BinaryIO], object]) -> None:
         for attempt in range(3):
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}"
@@ -69,7 +104,7 @@ class LocalBlobStore(BlobStore):
                 continue  # a delete removed the emptied folder in between: make it again
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+                    fill(f)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)

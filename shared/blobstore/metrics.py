@@ -4,7 +4,7 @@ are served with its other metrics."""
 
 from prometheus_client import Counter, Histogram
 
-OPERATIONS = ("put", "open", "read", "delete", "url", "ping", "keys", "folders")
+OPERATIONS = ("put", "open", "read", "copy", "delete", "url", "ping", "keys", "folders")
 
 WRITTEN_BYTES = Counter(
     "fibermill_blob_written_bytes", "Bytes written to the blob store", ["backend"]

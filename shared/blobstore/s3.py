@@ -10,9 +10,10 @@ refused by several S3-compatible servers).
 """
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, contextmanager
-from typing import Any
+from typing import Any, BinaryIO
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -26,7 +27,13 @@ from shared.blobstore.s3_config import S3Config
 from shared.errors import BlobNotFound, BlobStoreUnavailable
 
 DELETE_CONCURRENCY = 16
+PART_BYTES = 8 * 1024 * 1024  # a multipart upload's parts (S3's smallest but the last: 5 MiB)
 _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, OSError)  # OSError: TimeoutError too
+
+
+def _read_at(f: BinaryIO, start: int, size: int) -> bytes:
+    f.seek(start)
+    return f.read(size)
 
 
 def _status(exc: ClientError) -> int:
@@ -169,6 +176,70 @@ class S3BlobStore(BlobStore):
             raise BlobStoreUnavailable(
                 self.location, "put", f"not done in {deadline:.1f}s (the upload stalled)", key,
             ) from exc
+
+    async def _put_file(self, key: str, f: BinaryIO, size: int, content_type: str) -> None:
+        if size <= PART_BYTES:
+            await self._put(key, await asyncio.to_thread(_read_at, f, 0, size), content_type)
+            return
+        # A part at a time (multipart upload): one part is in memory, never the whole file.
+        client = await self._get_client("put", key)
+        with self._errors("put", key):
+            upload = await client.create_multipart_upload(Bucket=self.bucket, Key=key,
+                                                          ContentType=content_type)
+        upload_id = upload["UploadId"]
+        try:
+            parts = []
+            for number, start in enumerate(range(0, size, PART_BYTES), start=1):
+                data = await asyncio.to_thread(_read_at, f, start, PART_BYTES)
+                deadline = self.put_deadline(len(data))
+                try:
+                    async with asyncio.timeout(deadline):
+                        with self._errors("put", key):
+                            part = await client.upload_part(
+                                Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                PartNumber=number, Body=data)
+                except TimeoutError as exc:
+                    raise BlobStoreUnavailable(
+                        self.location, "put", f"a part not done in {deadline:.1f}s", key,
+                    ) from exc
+                parts.append({"PartNumber": number, "ETag": part["ETag"]})
+            with self._errors("put", key):
+                await client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id,
+                    MultipartUpload={"Parts": parts})
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await client.abort_multipart_upload(Bucket=self.bucket, Key=key,
+                                                    UploadId=upload_id)
+            raise
+
+    async def _read_range(self, key: str, start: int, end: int) -> bytes:
+        client = await self._get_client("open", key)
+        with self._errors("open", key):
+            try:
+                response = await client.get_object(Bucket=self.bucket, Key=key,
+                                                   Range=f"bytes={start}-{end - 1}")
+            except ClientError as exc:
+                if _code(exc) == "InvalidRange":  # starts past the end: nothing there
+                    return b""
+                raise
+        body = response["Body"]
+        try:
+            with self._errors("read", key):
+                return bytes(await body.read())
+        finally:
+            body.close()
+
+    async def _copy(self, source: str, key: str) -> None:
+        client = await self._get_client("copy", key)
+        with self._errors("copy", key):
+            try:
+                await client.copy_object(Bucket=self.bucket, Key=key,
+                                         CopySource={"Bucket": self.bucket, "Key": source})
+            except ClientError as exc:
+                if _code(exc) in ("NoSuchKey", "404") or _status(exc) == 404:
+                    raise BlobNotFound(source) from None
+                raise
 
     async def _open(self, key: str) -> Blob:
         client = await self._get_client("open", key)

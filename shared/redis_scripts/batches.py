@@ -14,26 +14,39 @@ BATCH_RECORD_LINE = Script("batch_record_line")
 BATCH_RECORD_JOB = Script("batch_record_job")
 BATCH_RENEW = Script("batch_renew")
 BATCH_RELEASE = Script("batch_release")
+BATCH_FLUSH = Script("batch_flush")
 
 
 async def transition(redis: aioredis.Redis, *, batch_id: str, from_: Sequence[str], to: str,
-                     fields: Mapping[str, str | int | float]) -> int:
-    """Move the batch from one of `from_` to `to`, setting `fields`: 1 moved, 0 its status was
-    another, -1 no batch."""
+                     stamp: str, fields: Mapping[str, str | int | float]) -> int:
+    """Move the batch from one of `from_` to `to`, setting the field `stamp` (unless empty) to
+    Redis's time in seconds, and `fields`: 1 moved, 0 its status was another, -1 no batch."""
     items = [x for kv in fields.items() for x in kv]
     return replies.integer(await BATCH_TRANSITION.run(
-        redis, [names.batch_key(batch_id)], [",".join(from_), to, *items]))
+        redis, [names.batch_key(batch_id)], [",".join(from_), to, stamp, *items]))
 
 
 async def record_line(redis: aioredis.Redis, *, batch_id: str, me: str, index: int,
                       entry: str, counter: str) -> int:
-    """Keep line `index`'s file line once and count it in `counter`: 1 done now, 0 done
-    already, -1 `me` no longer holds the lease."""
+    """Mark line `index` done and keep its file line (until flush) once, counted in
+    `counter`: 1 done now, 0 done already, -1 `me` no longer holds the lease."""
     return replies.integer(await BATCH_RECORD_LINE.run(
         redis,
         [names.batch_key(batch_id), names.batch_jobs_key(batch_id),
-         names.batch_done_key(batch_id), names.batch_lease_key(batch_id)],
+         names.batch_done_key(batch_id), names.batch_lease_key(batch_id),
+         names.batch_lines_key(batch_id)],
         [me, index, entry, counter]))
+
+
+async def flush(redis: aioredis.Redis, *, batch_id: str, me: str, part: str,
+                indices: Sequence[int]) -> int:
+    """The lines `indices` are in the part `part` now: it is named, they are dropped. 1, or -1
+    when `me` no longer holds the lease."""
+    return replies.integer(await BATCH_FLUSH.run(
+        redis,
+        [names.batch_lines_key(batch_id), names.batch_parts_key(batch_id),
+         names.batch_lease_key(batch_id)],
+        [me, part, *indices]))
 
 
 async def record_job(redis: aioredis.Redis, *, batch_id: str, me: str, index: int,

@@ -18,8 +18,14 @@ from standardwebhooks import Webhook
 
 from services.api.app import create_app
 from services.api.auth import digest, key_id
+from services.api.batches import batch_input
 from services.api.batches.driver import BatchDriver
-from services.api.batches.driver_parts import TICK_SECONDS, DriverConfig, DriverParts
+from services.api.batches.driver_parts import (
+    FLUSH_LINES,
+    TICK_SECONDS,
+    DriverConfig,
+    DriverParts,
+)
 from services.api.batches.files import FileStore
 from services.api.batches.store import BatchStore
 from services.api.events import EventHub
@@ -242,15 +248,17 @@ class Env:
     settings: object
 
     def driver(self, name: str, lease_ms: int = 15_000, hub: EventHub | None = None,
-               tick_seconds: float = TICK_SECONDS, **settings) -> BatchDriver:
+               tick_seconds: float = TICK_SECONDS, flush_lines: int = FLUSH_LINES,
+               **settings) -> BatchDriver:
         s = self.settings.model_copy(update=settings) if settings else self.settings
         parts = DriverParts(self.batches, self.files, self.blobs, self.store, self.submissions,
                             self.lifecycle, self.registry, hub=hub)
         return BatchDriver(parts, s, name,
-                           DriverConfig(tick_seconds=tick_seconds, lease_ms=lease_ms))
+                           DriverConfig(tick_seconds=tick_seconds, lease_ms=lease_ms,
+                                        flush_lines=flush_lines))
 
-    async def batch(self, n: int, owner: str | None = "k1") -> str:
-        content = jsonl(*(_completion(f"c{i}") for i in range(n)))
+    async def batch(self, n: int, owner: str | None = "k1", **extra) -> str:
+        content = jsonl(*(_completion(f"c{i}", **extra) for i in range(n)))
         f = await self.files.create(content, "in.jsonl", "batch", owner, n)
         return (await self.batches.create(f.id, COMPLETIONS, "24h", None, owner))["id"]
 
@@ -561,3 +569,124 @@ async def test_a_batch_with_a_webhook_sends_a_signed_event_when_it_ends(env):
     h = await env.batches.find(batch_id)
     assert h["webhook_state"] == "delivered" and h["webhook_attempts"] == "2"
     assert not await env.redis.sismember(names.BATCHES_ACTIVE, batch_id)
+
+
+async def _run_to_the_end(env: Env, driver: BatchDriver, batch_id: str) -> dict:
+    deadline = time.time() + 60
+    while True:
+        h = await env.batches.find(batch_id)
+        assert h is not None
+        if h["status"] == "completed":
+            return h
+        assert time.time() < deadline, h
+        await driver.tick()
+        await env.succeed(*(await env.jobs(batch_id)).values())
+
+
+async def test_the_driver_reads_its_input_a_window_at_a_time(env, monkeypatch):
+    """A batch of 300 lines (about 60 KiB) run 40 lines at a time through windows of 4 KiB:
+    the driver never opens its copy of the input to read it whole; every read of it is a
+    ranged read of at most a window; the output is whole and in order."""
+    monkeypatch.setattr(batch_input, "WINDOW_BYTES", 4096)
+    reads: list[tuple[str, int]] = []
+    opened: list[str] = []
+    real_range, real_open = env.blobs.read_range, env.blobs.open
+
+    async def read_range(key, start, end):
+        got = await real_range(key, start, end)
+        reads.append((key, len(got)))
+        return got
+
+    async def open_(key):
+        opened.append(key)
+        return await real_open(key)
+
+    monkeypatch.setattr(env.blobs, "read_range", read_range)
+    monkeypatch.setattr(env.blobs, "open", open_)
+    batch_id = await env.batch(300, user="u" * 200)
+    driver = env.driver("one", batch_max_in_flight=40)
+    h = await _run_to_the_end(env, driver, batch_id)
+    size = (await env.files.find(h["input_file_id"])).bytes
+    assert size > 15 * 4096
+    assert h["input_key"] not in opened
+    copy = [n for key, n in reads if key == h["input_key"]]
+    assert copy and max(copy) <= 4096
+    assert sum(copy) < 2 * size  # each line read about once (and a byte to find the copy)
+    out = await env.lines(h["output_file_id"])
+    assert [x["custom_id"] for x in out] == [f"c{i}" for i in range(300)]
+
+
+async def _redis_text(r) -> bytes:
+    """Every value Redis holds under the batch keys, as one blob of bytes."""
+    found = []
+    async for key in r.scan_iter("fm:batch:*"):
+        kind = (await r.type(key)).decode()
+        if kind == "hash":
+            found += [k + b"=" + v for k, v in (await r.hgetall(key)).items()]
+        elif kind == "list":
+            found += await r.lrange(key, 0, -1)
+        elif kind == "string":
+            found.append(await r.get(key))
+    return b"\n".join(found)
+
+
+async def test_finished_lines_leave_redis_for_the_blob_store_as_they_finish(env):
+    batch_id = await env.batch(6)
+    driver = env.driver("one", flush_lines=3)
+    await driver.tick()
+    jobs = await env.jobs(batch_id)
+    assert sorted(jobs) == [0, 1, 2, 3, 4, 5]
+    await env.succeed(*(jobs[i] for i in (4, 1, 2, 0)))  # out of order
+    await driver.tick()
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "in_progress" and h["completed"] == "4"
+    held = await _redis_text(env.redis)
+    for i in (0, 1, 2, 4):  # their output lines are in a part, not in Redis
+        assert jobs[i].encode() not in held
+    for i in (3, 5):  # unfinished: their jobs are
+        assert jobs[i].encode() in held
+    assert await env.redis.hlen(names.batch_lines_key(batch_id)) == 0
+    part_keys = await env.batches.parts(batch_id)
+    assert len(part_keys) == 1
+    assert jobs[4].encode() in await (await env.blobs.open(part_keys[0])).read()
+
+    await env.succeed(jobs[5], jobs[3])
+    await driver.tick()
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "completed"
+    out = await env.lines(h["output_file_id"])
+    assert [x["custom_id"] for x in out] == [f"c{i}" for i in range(6)]
+    assert [x["response"]["request_id"] for x in out] == [jobs[i] for i in range(6)]
+    await driver.tick()  # retired: its parts go with its input
+    assert not [k async for k in env.blobs.keys("files/") if ".part-" in k]
+
+
+async def test_expiry_follows_redis_clock_not_this_hosts(env, monkeypatch):
+    """Replicas' clocks disagree; Redis's is the one they share. With this host's clock a day
+    and an hour ahead the batch runs on (by Redis it has 24 h left); an hour behind, a batch
+    past its window by Redis's clock expires."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 25 * 3600)
+    batch_id = await env.batch(3)
+    redis_now = await env.batches.now()
+    h = await env.batches.find(batch_id)
+    assert abs(int(h["created_at"]) - redis_now) < 5
+    assert int(h["expires_at"]) == int(h["created_at"]) + 24 * 3600
+    driver = env.driver("ahead", batch_max_in_flight=2)
+    await driver.tick()
+    await driver.tick()
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "in_progress", h
+    assert abs(int(h["in_progress_at"]) - redis_now) < 5  # stamped by Redis too
+    assert len(await env.jobs(batch_id)) == 2
+
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    await env.redis.hset(names.batch_key(batch_id), "expires_at", int(redis_now) - 1)
+    behind = env.driver("behind")
+    await driver.batches.release(batch_id, "ahead")
+    await behind.tick()
+    h = await env.batches.find(batch_id)
+    assert h["status"] == "expired", h
+    assert abs(int(h["expired_at"]) - redis_now) < 5
+    errors = await env.lines(h["error_file_id"])
+    assert [x["custom_id"] for x in errors] == ["c0", "c1", "c2"]

@@ -3,6 +3,7 @@ only, listing, content, deletion, and the sweep of expired hours of files."""
 
 import json
 import time
+from typing import BinaryIO, cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -202,3 +203,81 @@ async def test_expired_hours_of_files_are_swept(tmp_path):
     assert await sweeper.sweep_files(now) == 2
     assert sorted([k async for k in blobs.keys("")]) == sorted([*kept, "files/notes.txt"])
     await blobs.close()
+
+
+def test_a_line_nested_too_deep_is_refused_naming_the_line_and_the_limit(client):
+    """50,000 levels would overflow the parser's recursion: the check counts them first."""
+    deep = json.dumps({"custom_id": "d", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "tiny-gpt2", "prompt": "x"}})
+    deep = deep[:-1] + ', "extra": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    content = jsonl(line("a"), deep, line("c", prompt="[" * 100 + " brackets in a string"))
+    resp = upload(client, content, A)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == "file"
+    assert "line 2: nested deeper than 64 levels (the most a line may nest)" in err["message"]
+    assert "line 1" not in err["message"] and "line 3" not in err["message"]
+    # 64 levels are allowed; the brackets of a string are not levels.
+    ok = line("a", model="tiny-gpt2", prompt="p", x=json.loads("[" * 62 + "]" * 62))
+    assert upload(client, jsonl(ok, line("c", prompt="[" * 100)), A).status_code == 200
+
+
+def test_a_line_longer_than_a_request_may_be_is_refused(small_files):
+    long = line("b", prompt="x" * 2100)
+    resp = upload(small_files, jsonl(line("a"), long, line("c")), {})
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["error"]["message"]
+    assert ("line 2: longer than 2048 bytes (the largest request, FIBERMILL_MAX_BODY_BYTES)"
+            in message)
+    assert "line 1" not in message and "line 3" not in message
+
+
+def test_an_upload_is_checked_and_stored_a_chunk_at_a_time(client, monkeypatch):
+    """Neither the route nor the store reads the upload whole: the file (several MiB, so on
+    disk) is read in chunks by the check and by the store's put_file, never UploadFile.read
+    or a put of the whole bytes."""
+    from starlette.datastructures import UploadFile
+
+    from services.api.batches import checker
+
+    reads: list[int] = []
+    real_check = checker.check_file
+
+    class Spy:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            assert n is not None and 0 < n <= checker.READ_BYTES, n
+            data = self.f.read(n)
+            reads.append(len(data))
+            return data
+
+        def seek(self, *args):
+            return self.f.seek(*args)
+
+    async def whole(*args, **kwargs):
+        raise AssertionError("the upload was read whole")
+
+    monkeypatch.setattr(UploadFile, "read", whole)
+    monkeypatch.setattr(checker, "check_file",
+                        lambda f, *a: real_check(cast(BinaryIO, Spy(f)), *a))
+    puts: list[int] = []
+    blobs = client.app.state.blobs
+    real_put = blobs.put
+
+    async def put(key, data, content_type=None):
+        puts.append(len(data))
+        return await real_put(key, data, content_type)
+
+    monkeypatch.setattr(blobs, "put", put)
+    content = b"".join((line(f"id-{n}", prompt="p" * 150) + "\n").encode()
+                       for n in range(30_000))
+    assert len(content) > 5 * 1024 * 1024
+    resp = upload(client, content, A)
+    assert resp.status_code == 200, resp.text
+    assert sum(reads) == len(content) and len(reads) >= len(content) // checker.READ_BYTES
+    assert puts == []  # stored with put_file, from the spooled file
+    f = resp.json()
+    assert f["bytes"] == len(content)
+    assert client.get(f"/v1/files/{f['id']}/content", headers=A).content == content

@@ -128,6 +128,52 @@ async def test_delete_is_idempotent(blob_store):
         await blob_store.delete("outputs/job3/2.png")  # one key, not a list of keys
 
 
+async def test_a_file_is_stored_from_its_start_a_part_at_a_time(blob_store, monkeypatch):
+    """put_file reads a file object from its start whatever its position; on S3 a file larger
+    than a part goes up as a multipart upload (parts shrunk here to S3's smallest, 5 MiB)."""
+    import tempfile
+
+    from shared.blobstore import s3
+
+    monkeypatch.setattr(s3, "PART_BYTES", 5 * 1024 * 1024)
+    big, small = os.urandom(11 * 1024 * 1024 + 5), b"a small file\n"
+    for key, data in (("files/big.bin", big), ("files/small.jsonl", small)):
+        with tempfile.TemporaryFile() as f:
+            f.write(data)  # left at its end
+            await blob_store.put_file(key, f)
+        async with await blob_store.open(key) as blob:
+            assert blob.size == len(data)
+            assert await blob.read() == data
+
+
+async def test_a_byte_range_is_read_without_the_rest(blob_store):
+    data = bytes(range(256)) * 40
+    await blob_store.put("files/r.bin", data)
+    assert await blob_store.read_range("files/r.bin", 10, 300) == data[10:300]
+    assert await blob_store.read_range("files/r.bin", 0, 1) == data[:1]
+    assert await blob_store.read_range("files/r.bin", 5, 5) == b""
+    assert await blob_store.read_range("files/r.bin", len(data) - 3, len(data) + 50) == data[-3:]
+    assert await blob_store.read_range("files/r.bin", len(data) + 1, len(data) + 9) == b""
+    with pytest.raises(BlobNotFound):
+        await blob_store.read_range("files/none.bin", 0, 10)
+    with pytest.raises(ValueError):
+        await blob_store.read_range("files/r.bin", 9, 3)
+
+
+async def test_copy_makes_a_second_object_and_leaves_the_first(blob_store):
+    await blob_store.put("files/a.jsonl", PNG)
+    await blob_store.put("files/b.jsonl", b"replaced by the copy")
+    await blob_store.copy("files/a.jsonl", "files/b.jsonl")
+    await blob_store.copy("files/a.jsonl", "files/c/d.jsonl")
+    for key in ("files/a.jsonl", "files/b.jsonl", "files/c/d.jsonl"):
+        assert await (await blob_store.open(key)).read() == PNG
+    with pytest.raises(BlobNotFound) as caught:
+        await blob_store.copy("files/none.jsonl", "files/e.jsonl")
+    assert caught.value.key == "files/none.jsonl"
+    assert await listed(blob_store, "files/") == ["files/a.jsonl", "files/b.jsonl",
+                                                  "files/c/d.jsonl"]
+
+
 async def test_missing_key_raises_blob_not_found(blob_store):
     with pytest.raises(BlobNotFound) as caught:
         await blob_store.open("outputs/nojob/0.png")

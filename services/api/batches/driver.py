@@ -9,10 +9,19 @@ last one stopped:
 - a line is submitted with the Idempotency-Key `batch-{batch_id}-{line}`: submitted again after
   a crash (before its job id was recorded) it gives back the same job;
 - a submitted line's job id is in `fm:batch:{id}:jobs`; once its job is final, its output or
-  error file line is built at once (job records expire) and kept in `fm:batch:{id}:done`, by a
-  script that counts it once and only for the lease holder (RECORD_LINE);
+  error file line is built at once (job records expire), marked done (a bit in
+  `fm:batch:{id}:done`) and kept in `fm:batch:{id}:lines`, by a script that counts it once and
+  only for the lease holder (RECORD_LINE);
+- finished lines leave Redis for parts in the blob store (parts.py) as they pile up (FLUSH), so
+  Redis holds a batch's unfinished lines, not its outputs; the output and error files are put
+  together from the parts, in input order, when the batch ends;
 - the output and error file ids are chosen once (kept in the batch's hash), so files written
   again after a crash replace the first ones.
+
+The input is never held whole: validation streams it through the checker (checker.py) and
+writes the index of its requests beside the batch's copy of it; the driver then reads the
+lines it is about to submit, a window at a time, by their offsets (batch_input.py), and keeps
+the text of its unfinished lines only. Expiry is decided on Redis's clock.
 
 The driver steps each batch it holds every tick (DriverConfig), and between ticks as soon as it
 hears (from the API's event hub) that one of its lines' jobs is final: that line is written and the
@@ -35,7 +44,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.api.auth import Principal
-from services.api.batches import jsonl, lines
+from services.api.batches import jsonl, lines, parts
+from services.api.batches.batch_input import WINDOW_LINES, BatchInput, Window, window
+from services.api.batches.bits import Bits
+from services.api.batches.checker import Checker
 from services.api.batches.driver_parts import DEFAULT_CONFIG, DriverConfig, DriverParts
 from services.api.batches.files import (
     BATCH,
@@ -50,6 +62,7 @@ from services.api.openai.errors import error_body, openai_error
 from services.api.openai.schemas import ImageGenerationRequest
 from shared import names
 from shared.asyncio_compat import raise_if_cancelled
+from shared.blobstore.blob import Blob
 from shared.blobstore.keys import UNOWNED, hour_of
 from shared.errors import (
     BlobNotFound,
@@ -80,24 +93,33 @@ class Driven:
     next driver)."""
 
     batch_id: str
+    input: BatchInput | None = None  # None until read (once per driver)
+    # The window: the text of the lines to submit next, and where each is in it (`len(spans)`
+    # is the batch's number of requests).
     content: bytes | None = None
-    spans: list[jsonl.Span] = field(default_factory=list)
+    spans: Window = field(default_factory=Window)
+    raw: dict[int, jsonl.Raw] = field(default_factory=dict)  # the pending lines' text
     pending: dict[int, str] = field(default_factory=dict)  # line index -> job id
     jobs: set[str] = field(default_factory=set)  # the pending lines' job ids
     heard: set[str] = field(default_factory=set)  # of those, heard final since its last step
-    done: set[int] = field(default_factory=set)
+    done: Bits = field(default_factory=Bits)
     next: int = 0  # every line below it is submitted or done
     backoff_until: float = 0.0
+    unflushed_since: float | None = None  # when finished lines were first seen in Redis
 
     def submitted(self, i: int, job_id: str) -> None:
         self.pending[i] = job_id
         self.jobs.add(job_id)
+        if self.content is not None and i in self.spans:
+            span = self.spans[i]
+            self.raw[i] = jsonl.Raw(span.line, self.content[span.start:span.end])
 
     def settled(self, i: int) -> None:
         job_id = self.pending.pop(i, None)
         if job_id is not None:
             self.jobs.discard(job_id)
             self.heard.discard(job_id)
+        self.raw.pop(i, None)
         self.done.add(i)
 
 
@@ -105,6 +127,11 @@ def input_copy_key(batch_id: str, owner: str | None, created: int) -> str:
     """The batch's own copy of its input: deleting the input file does not stop the batch;
     swept with the files of its hour."""
     return f"{files_hour_prefix(hour_of(created))}{owner or UNOWNED}/{batch_id}.input.jsonl"
+
+
+def input_index_key(batch_id: str, owner: str | None, created: int) -> str:
+    """Where each request of the batch's copy of its input is (checker.py), beside it."""
+    return f"{files_hour_prefix(hour_of(created))}{owner or UNOWNED}/{batch_id}.input.index"
 
 
 def _owner(h: dict[str, str]) -> str | None:
@@ -126,6 +153,8 @@ class BatchDriver:
         self.tick_seconds = config.tick_seconds
         self.lease_ms = config.lease_ms
         self.max_driven = config.max_driven
+        self.flush_lines = config.flush_lines
+        self.flush_seconds = config.flush_seconds
         self.held: dict[str, Driven] = {}
         self.webhooks = BatchWebhooks(self.batches.redis, self.batches, settings)
         self._woken = asyncio.Event()  # a line's job ended, or a batch changed here
@@ -189,8 +218,8 @@ class BatchDriver:
         """Write the lines whose jobs were heard final and submit the lines that makes room
         for; anything else a batch may need (cancelling, expiry) is left to the tick."""
         h = await self.batches.find(d.batch_id)
-        if (h is None or h["status"] != "in_progress" or d.content is None
-                or time.time() >= int(h["expires_at"])):
+        if (h is None or h["status"] != "in_progress" or d.input is None
+                or await self.batches.now() >= int(h["expires_at"])):
             return
         await self._advance_lines(d, h, heard=True)
 
@@ -235,11 +264,12 @@ class BatchDriver:
             # then what only running it needed goes.
             if not await self.webhooks.settle(h):
                 return True
-            if h.get("input_key"):
-                await self.blobs.delete([h["input_key"]])
+            await self.blobs.delete([*(h[k] for k in ("input_key", "index_key") if h.get(k)),
+                                     *await self.batches.parts(d.batch_id)])
             await self.batches.retire(d.batch_id)
             return False
-        if status in OPEN_STATUSES and time.time() >= int(h["expires_at"]):
+        # On Redis's clock, which every replica shares (their own may disagree).
+        if status in OPEN_STATUSES and await self.batches.now() >= int(h["expires_at"]):
             # Before the input is read: a batch past its window has no use for it.
             await self._expire(d, h, status)
         elif status == "validating":
@@ -264,10 +294,13 @@ class BatchDriver:
                 await self._settle(d, i, job_id)
         else:
             await self._poll(d)
+        await self._read_window(d)
         await self._submit(d, h)
         if len(d.done) >= len(d.spans) and await self.batches.transition(
                 d.batch_id, "in_progress", "finalizing"):
             await self._finish(d, h, "finalizing", "completed")
+        else:
+            await self._flush(d, h)
 
     # Validating -------------------------------------------------------------------------------
 
@@ -284,23 +317,37 @@ class BatchDriver:
                                     f"input file {meta.id} has purpose {meta.purpose!r}, "
                                     "not 'batch'")
         try:
-            content = await self.files.read(meta)
+            blob = await self.files.open(meta)
         except BlobNotFound:
             return await self._fail(d, "input_file_id", "file_not_found",
                                     f"the content of input file {meta.id} is gone")
+        checker = await self._check(blob)
         try:
-            total = jsonl.check(content)
+            total = checker.close()
         except InvalidInput as exc:
             return await self._fail(d, "input_file_id", "invalid_request",
                                     *[p.message for p in exc.problems])
-        key = input_copy_key(d.batch_id, owner, int(h["created_at"]))
-        await self.blobs.put(key, content, "application/jsonl")
-        await self.batches.set_fields(d.batch_id, input_key=key)
+        created = int(h["created_at"])
+        key = input_copy_key(d.batch_id, owner, created)
+        index_key = input_index_key(d.batch_id, owner, created)
+        await self.blobs.copy(meta.key, key)
+        await self.blobs.put(index_key, checker.index())
+        # The count too: a batch cancelled before it moves on still names each of its lines.
+        await self.batches.set_fields(d.batch_id, input_key=key, index_key=index_key,
+                                      total=total)
         if not await self.batches.transition(d.batch_id, "validating", "in_progress",
                                              total=total):
             return False  # cancelled meanwhile: the next step ends it as cancelled
         log.info("batch %s: %d requests, in progress", d.batch_id, total)
         return True
+
+    async def _check(self, blob: Blob) -> Checker:
+        """The input streamed through the checker, a chunk at a time off the event loop."""
+        checker = Checker(self.settings.max_body_bytes)
+        async with blob:
+            async for chunk in blob:
+                await asyncio.to_thread(checker.feed, chunk)
+        return checker
 
     async def _fail(self, d: Driven, param: str, code: str, *messages: str) -> bool:
         data = [{"code": code, "message": m, "param": param, "line": lines.line_of(m)}
@@ -326,23 +373,49 @@ class BatchDriver:
         return True
 
     async def _read_input(self, d: Driven, h: dict[str, str]) -> bool:
-        """Read the batch's input copy and its lines' progress, once per driver; False when
-        there is no copy to read."""
-        if d.content is not None:
+        """Find the batch's input copy and read its lines' progress (and the text of its
+        pending lines), once per driver; False when there is no copy to read."""
+        if d.input is not None:
             return True
-        key = h.get("input_key")
+        key, index_key = h.get("input_key"), h.get("index_key")
         if not key:
             return False
         try:
-            content = await (await self.blobs.open(key)).read()
+            if not index_key:  # copied by a driver that kept no index: made now, once
+                index_key = input_index_key(d.batch_id, _owner(h), int(h["created_at"]))
+                checker = await self._check(await self.blobs.open(key))
+                with contextlib.suppress(InvalidInput):  # checked once already: the index
+                    checker.close()
+                await self.blobs.put(index_key, checker.index())
+                await self.batches.set_fields(d.batch_id, index_key=index_key)
+            source = BatchInput(self.blobs, key, index_key)
+            await source.probe()
+            d.pending, d.done = await self.batches.progress(d.batch_id)
+            d.raw = await source.read(d.pending)
         except BlobNotFound:
             return False
-        d.content, d.spans = content, jsonl.index(content)
-        d.pending, d.done = await self.batches.progress(d.batch_id)
+        d.input = source
+        d.content, d.spans = b"", Window(int(h["total"]))
         d.jobs = set(d.pending.values())
         d.next = 0
         self._advance(d)
         return True
+
+    async def _read_window(self, d: Driven) -> None:
+        """Read the lines `_submit` takes next (the first lines from `d.next` neither pending
+        nor done, as many as there is room in flight for) into the window."""
+        assert d.input is not None
+        if time.time() < d.backoff_until:
+            return
+        room = self.settings.batch_max_in_flight - len(d.pending)
+        todo: list[int] = []
+        i = d.next
+        while len(todo) < room and i < len(d.spans):
+            if i not in d.pending and i not in d.done:
+                todo.append(i)
+            i += 1
+        if any(i not in d.spans for i in todo):
+            d.content, d.spans = window(len(d.spans), await d.input.read(todo))
 
     def _advance(self, d: Driven) -> None:
         while d.next < len(d.spans) and (d.next in d.pending or d.next in d.done):
@@ -366,8 +439,7 @@ class BatchDriver:
     async def _settle(self, d: Driven, i: int, job_id: str,
                       stopped: tuple[str, str] | None = None) -> None:
         """Record the file line of a line whose job is final (or gone)."""
-        assert d.content is not None
-        line = jsonl.read(d.content, d.spans[i])
+        line = jsonl.parse(await self._raw(d, i))
         try:
             rec = await self.store.get(job_id)
         except JobNotFound:
@@ -385,7 +457,7 @@ class BatchDriver:
         if rec.status == JobStatus.SUCCEEDED:
             try:
                 req = translate.parse(line.url, line.body)
-                if isinstance(req, ImageGenerationRequest):  # jsonl.check lets text lines only
+                if isinstance(req, ImageGenerationRequest):  # the check lets text lines only
                     raise InvalidInput("url", f"{line.url} is not a batch endpoint")
                 body = translate.text_response(req, rec)
             except InvalidInput as exc:  # the line no longer parses (a newer server)
@@ -471,51 +543,84 @@ class BatchDriver:
             if not rec.final:
                 await self.lifecycle.cancel(rec)
 
+    async def _raw(self, d: Driven, i: int) -> jsonl.Raw:
+        """A pending line's text: kept since it was submitted, or read (taken over)."""
+        if i not in d.raw:
+            assert d.input is not None
+            d.raw.update(await d.input.read([i]))
+        return d.raw[i]
+
     async def _stop(self, d: Driven, h: dict[str, str], why: tuple[str, str]) -> None:
         """Cancelled or expired: no more lines are submitted, the unfinished jobs are canceled,
-        and every line not done goes to the error file with `why` (code, message)."""
+        and every line not done goes to the error file with `why` (code, message), read a
+        window at a time."""
         for i, job_id in list(d.pending.items()):
             await self._cancel_job(job_id)
             await self._settle(d, i, job_id, stopped=why)
-        assert d.content is not None
-        content = d.content
-        left = [i for i in range(len(d.spans)) if i not in d.done]
+        assert d.input is not None
+        source = d.input
 
-        async def unrun(i: int) -> None:
-            line = jsonl.read(content, d.spans[i])
+        async def unrun(i: int, raw: jsonl.Raw) -> None:
             await self.batches.record_line(d.batch_id, self.me, i, False,
-                                           lines.error_line(d.batch_id, line, *why))
+                                           lines.error_line(d.batch_id, jsonl.parse(raw), *why))
             d.done.add(i)
 
-        for start in range(0, len(left), SUBMIT_CONCURRENCY):
-            await asyncio.gather(*(unrun(i) for i in left[start:start + SUBMIT_CONCURRENCY]))
+        start = 0
+        while start < len(d.spans):
+            left = [i for i in range(start, min(start + WINDOW_LINES, len(d.spans)))
+                    if i not in d.done]
+            start += WINDOW_LINES
+            raws = await source.read(left)
+            for k in range(0, len(left), SUBMIT_CONCURRENCY):
+                await asyncio.gather(*(unrun(i, raws[i])
+                                       for i in left[k:k + SUBMIT_CONCURRENCY]))
+            await self._flush(d, h)
+
+    async def _flush(self, d: Driven, h: dict[str, str], now: bool = False) -> None:
+        """Write the finished lines Redis holds to a new part in the blob store and let Redis
+        drop them: when `flush_lines` of them wait, when the oldest waited `flush_seconds`,
+        or `now`."""
+        waiting = await self.batches.unflushed(d.batch_id)
+        if not waiting:
+            d.unflushed_since = None
+            return
+        clock = time.monotonic()
+        if d.unflushed_since is None:
+            d.unflushed_since = clock
+        if not now and waiting < self.flush_lines and \
+                clock - d.unflushed_since < self.flush_seconds:
+            return
+        finished = await self.batches.finished_lines(d.batch_id)
+        key = parts.part_key(d.batch_id, _owner(h), int(h["created_at"]))
+        await self.blobs.put(key, parts.encode(finished), "text/plain")
+        await self.batches.flushed(d.batch_id, self.me, key, list(finished))
+        d.unflushed_since = None
 
     async def _finish(self, d: Driven, h: dict[str, str], from_: str, to: str) -> bool:
-        """Write the output file (and the error file, when a line failed) and end the batch
-        `to`; False when its status had moved on from `from_` (the next step goes on). The
-        next step sends its webhook and retires it."""
+        """Write the output file (and the error file, when a line failed) from the batch's
+        parts and end the batch `to`; False when its status had moved on from `from_` (the
+        next step goes on). The next step sends its webhook and retires it."""
         out_id = await self.batches.set_if_absent(d.batch_id, "planned_output_id",
                                                   new_file_id())
         err_id = await self.batches.set_if_absent(d.batch_id, "planned_error_id",
                                                   new_file_id())
-        done = await self.batches.done_lines(d.batch_id)
-        outputs: list[bytes] = []
-        errors: list[bytes] = []
-        for i in sorted(done):
-            entry = done[i]
-            (outputs if entry[:1] == b"o" else errors).append(entry[1:])
-        owner = _owner(h)
-        await self.files.create(lines.jsonl_file(outputs), f"{d.batch_id}_output.jsonl",
-                                BATCH_OUTPUT, owner, file_id=out_id)
-        fields = {"output_file_id": out_id}
-        if errors:
-            await self.files.create(lines.jsonl_file(errors), f"{d.batch_id}_error.jsonl",
-                                    BATCH_OUTPUT, owner, file_id=err_id)
-            fields["error_file_id"] = err_id
+        await self._flush(d, h, now=True)
+        made = await parts.assemble(self.blobs, await self.batches.parts(d.batch_id))
+        try:
+            owner = _owner(h)
+            await self.files.create_file(made.output, f"{d.batch_id}_output.jsonl",
+                                         BATCH_OUTPUT, owner, file_id=out_id)
+            fields = {"output_file_id": out_id}
+            if made.failures:
+                await self.files.create_file(made.errors, f"{d.batch_id}_error.jsonl",
+                                             BATCH_OUTPUT, owner, file_id=err_id)
+                fields["error_file_id"] = err_id
+        finally:
+            made.close()
         if not await self.batches.transition(d.batch_id, from_, to, **fields):
             return False
-        log.info("batch %s: %s (%d succeeded, %d failed)", d.batch_id, to, len(outputs),
-                 len(errors))
+        log.info("batch %s: %s (%d succeeded, %d failed)", d.batch_id, to, made.outputs,
+                 made.failures)
         return True
 
 

@@ -16,6 +16,8 @@ from shared.registry import ModelRegistry
 TICK_SECONDS = 0.5
 LEASE_MS = 15_000
 MAX_DRIVEN = 32  # batches one replica drives at once; the others wait for a replica
+FLUSH_LINES = 512
+FLUSH_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class DriverConfig:
     tick_seconds: float = TICK_SECONDS
     lease_ms: int = LEASE_MS  # a replica that stops renewing hands its batches over after it
     max_driven: int = MAX_DRIVEN
+    # A batch's finished lines leave Redis for a part in the blob store once this many wait,
+    # or the oldest of them waited this long (and when the batch ends).
+    flush_lines: int = FLUSH_LINES
+    flush_seconds: float = FLUSH_SECONDS
 
 
 DEFAULT_CONFIG = DriverConfig()

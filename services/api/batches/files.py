@@ -8,16 +8,18 @@ ids do) for listing. The bytes are written before the metadata, so a file that i
 be read; a crash in between leaves bytes that the sweeper deletes with their hour.
 """
 
+import asyncio
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
-from services.api.batches import listing
+from services.api.batches import checker, listing
 from services.api.batches.errors import FileNotFound
 from shared import names, redis_replies
 from shared.blobstore.base import BlobStore
@@ -95,26 +97,48 @@ class FileStore:
                      requests: int = 0, file_id: str | None = None) -> FileMeta:
         """Store a file. With `file_id` (a batch's planned output), writing it again replaces
         it with the same bytes: a retried finalization is harmless."""
+        meta = self._new(len(content), filename, purpose, owner, requests, file_id)
+        await self.blobs.put(meta.key, content, CONTENT_TYPE)
+        await self._index(meta)
+        return meta
+
+    async def create_file(self, f: BinaryIO, filename: str, purpose: str, owner: str | None,
+                          requests: int = 0, file_id: str | None = None) -> FileMeta:
+        """Store a file from a seekable file object, as create does, a chunk at a time."""
+        size = await asyncio.to_thread(_size_of, f)
+        meta = self._new(size, filename, purpose, owner, requests, file_id)
+        await self.blobs.put_file(meta.key, f, CONTENT_TYPE)
+        await self._index(meta)
+        return meta
+
+    async def check(self, f: BinaryIO, max_bytes: int, max_line_bytes: int) -> checker.Checked:
+        """Check an uploaded batch input, a chunk at a time in a thread (the event loop goes on
+        serving meanwhile); PayloadTooLarge or InvalidInput when it is not one."""
+        return await asyncio.to_thread(checker.check_file, f, max_bytes, max_line_bytes)
+
+    def _new(self, size: int, filename: str, purpose: str, owner: str | None, requests: int,
+             file_id: str | None) -> FileMeta:
         now = time.time()
         file_id = file_id or new_file_id(now)
         made = int(created_at(file_id.removeprefix(FILE_PREFIX)) or now)
-        meta = FileMeta(file_id, len(content), made, filename, purpose, made + self.ttl,
-                        owner, requests)
-        await self.blobs.put(meta.key, content, CONTENT_TYPE)
+        return FileMeta(file_id, size, made, filename, purpose, made + self.ttl, owner, requests)
+
+    async def _index(self, meta: FileMeta) -> None:
+        """The metadata, once the bytes are written."""
+        now = time.time()
         fields: dict[FieldT, EncodableT] = {
             k: ("" if v is None else v) for k, v in asdict(meta).items()}
-        index = names.files_index_key(owner)
+        index = names.files_index_key(meta.owner)
         # Index members older than the TTL are gone from Redis: trim them with each write.
         cutoff = f"({FILE_PREFIX}{new_job_id(now - self.ttl)[:12]}"
         ttl_left = max(1, meta.expires_at - int(now))
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(names.file_key(file_id), mapping=fields)
-            pipe.expire(names.file_key(file_id), ttl_left)
-            pipe.zadd(index, {file_id: 0})
+            pipe.hset(names.file_key(meta.id), mapping=fields)
+            pipe.expire(names.file_key(meta.id), ttl_left)
+            pipe.zadd(index, {meta.id: 0})
             pipe.zremrangebylex(index, "-", cutoff)
             pipe.expire(index, self.ttl)
             await pipe.execute()
-        return meta
 
     async def find(self, file_id: str) -> FileMeta | None:
         if not is_file_id(file_id):
@@ -150,3 +174,7 @@ class FileStore:
         return await listing.page(
             self.redis, names.files_index_key(owner), names.file_key, _meta, limit, after,
             desc=order == "desc", keep=lambda m: purpose is None or m.purpose == purpose)
+
+
+def _size_of(f: BinaryIO) -> int:
+    return f.seek(0, os.SEEK_END)

@@ -7,10 +7,6 @@ from typing import Any
 from services.api.batches import jsonl
 
 
-def jsonl_file(lines: list[bytes]) -> bytes:
-    return b"".join(line + b"\n" for line in lines)
-
-
 def line_id(batch_id: str, line: jsonl.Line, job_id: str | None) -> str:
     return f"batch_req_{job_id}" if job_id else \
         f"batch_req_{batch_id.removeprefix('batch_')}_{line.line}"

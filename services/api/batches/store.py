@@ -3,20 +3,26 @@ drives it. Every change a route and the driver could race on is one script
 (shared/redis_scripts/scripts/batch_*.lua).
 
 Keys (shared/names.py): `fm:batch:{id}` (hash: the object's fields, plus the owner, the
-webhook, the planned output file ids and the key of the batch's copy of its input),
-`fm:batch:{id}:jobs` (line index -> job id, for lines submitted and not done),
-`fm:batch:{id}:done` (line index -> "o"/"e" + the output or error file's line),
-`fm:batch:{id}:lease` (the driving replica), `fm:batches:active` (batches to drive) and
-`fm:batches:{owner}` (an API key's batches, for listing)."""
+webhook, the planned output file ids and the keys of the batch's copy of its input and of its
+index), `fm:batch:{id}:jobs` (line index -> job id, for lines submitted and not done),
+`fm:batch:{id}:done` (a bitmap: bit i set once line i is done), `fm:batch:{id}:lines` (line
+index -> "o"/"e" + the output or error file's line, for lines done and not yet written to a
+part), `fm:batch:{id}:parts` (the blob keys of the parts written), `fm:batch:{id}:lease` (the
+driving replica), `fm:batches:active` (batches to drive) and `fm:batches:{owner}` (an API key's
+batches, for listing). Redis holds a running batch's unfinished lines and a bit a line, not
+its finished lines' outputs (Redis runs without eviction).
+
+Times (created_at, expires_at, the status stamps) are Redis's (TIME): replicas whose clocks
+disagree agree on when a batch expires."""
 
 import json
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from services.api.batches import listing
+from services.api.batches.bits import Bits
 from services.api.batches.errors import BatchNotFound
 from shared import names, redis_replies
 from shared.job_ids import created_at, new_job_id
@@ -57,7 +63,7 @@ class BatchStore:
     async def create(self, input_file_id: str, endpoint: str, completion_window: str,
                      metadata: dict[str, str] | None, owner: str | None,
                      webhook: str | None = None) -> dict[str, str]:
-        now = time.time()
+        now = await self.now()
         batch_id = new_batch_id(now)
         made = int(created_at(batch_id.removeprefix(BATCH_PREFIX)) or now)
         fields = {
@@ -81,6 +87,11 @@ class BatchStore:
             await pipe.execute()
         self._changed()
         return fields
+
+    async def now(self) -> float:
+        """Redis's clock, in seconds: the one every replica decides a batch's times on."""
+        seconds, micros = await self.redis.time()
+        return seconds + micros / 1e6
 
     async def find(self, batch_id: str) -> dict[str, str] | None:
         if not is_batch_id(batch_id):
@@ -107,9 +118,9 @@ class BatchStore:
         and `fields`; False when it was in another status."""
         if isinstance(from_, str):
             from_ = (from_,)
-        stamp = {f"{to}_at": int(time.time())} if f"{to}_at" in TIMESTAMPS else {}
+        stamp = f"{to}_at" if f"{to}_at" in TIMESTAMPS else ""
         moved = await scripts.transition(self.redis, batch_id=batch_id, from_=from_, to=to,
-                                         fields={**stamp, **fields})
+                                         stamp=stamp, fields=fields)
         return moved == 1
 
     async def cancel(self, batch_id: str) -> bool:
@@ -155,17 +166,33 @@ class BatchStore:
         if res == -1:
             raise LeaseLost(batch_id)
 
-    async def progress(self, batch_id: str) -> tuple[dict[int, str], set[int]]:
+    async def progress(self, batch_id: str) -> tuple[dict[int, str], Bits]:
         """Lines submitted and not done (index -> job id), and lines done."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(names.batch_jobs_key(batch_id))
-            pipe.hkeys(names.batch_done_key(batch_id))
+            pipe.get(names.batch_done_key(batch_id))
             jobs, done = await pipe.execute()
-        return ({int(k): v.decode() for k, v in jobs.items()}, {int(k) for k in done})
+        return {int(k): v.decode() for k, v in jobs.items()}, Bits(done or b"")
 
-    async def done_lines(self, batch_id: str) -> dict[int, bytes]:
-        raw = redis_replies.raw_hash(await self.redis.hgetall(names.batch_done_key(batch_id)))
+    async def unflushed(self, batch_id: str) -> int:
+        """How many finished lines Redis holds, not yet written to a part."""
+        return int(await self.redis.hlen(names.batch_lines_key(batch_id)))
+
+    async def finished_lines(self, batch_id: str) -> dict[int, bytes]:
+        """The finished lines not yet written to a part: index -> "o"/"e" + the file line."""
+        raw = redis_replies.raw_hash(await self.redis.hgetall(names.batch_lines_key(batch_id)))
         return {int(k): v for k, v in raw.items()}
+
+    async def flushed(self, batch_id: str, me: str, part: str, indices: Sequence[int]) -> None:
+        """The lines `indices` are written to the part `part`: Redis lets them go."""
+        if await scripts.flush(self.redis, batch_id=batch_id, me=me, part=part,
+                               indices=indices) == -1:
+            raise LeaseLost(batch_id)
+
+    async def parts(self, batch_id: str) -> list[str]:
+        """The blob keys of the batch's parts, in the order they were written."""
+        return [redis_replies.text(k)
+                for k in await self.redis.lrange(names.batch_parts_key(batch_id), 0, -1)]
 
     async def set_fields(self, batch_id: str, **fields: Any) -> None:
         await self.redis.hset(names.batch_key(batch_id),
@@ -181,6 +208,7 @@ class BatchStore:
         """An ended batch: drop what only running it needed; keep its object for the TTL."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(names.batch_jobs_key(batch_id), names.batch_done_key(batch_id),
+                        names.batch_lines_key(batch_id), names.batch_parts_key(batch_id),
                         names.batch_lease_key(batch_id))
             pipe.expire(names.batch_key(batch_id), self.ttl)
             pipe.srem(names.BATCHES_ACTIVE, batch_id)

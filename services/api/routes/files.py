@@ -7,7 +7,6 @@ from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
 from services.api.auth import PrincipalDep, authenticate
-from services.api.batches import jsonl
 from services.api.batches.deps import FilesDep
 from services.api.batches.files import BATCH, MAX_LIST, FileMeta
 from services.api.deps import SettingsDep
@@ -29,21 +28,22 @@ async def upload_file(
 ) -> dict[str, Any]:
     """Upload a batch's input file (multipart `file` and `purpose=batch`). It is checked line
     by line; a file that is not a valid batch input is refused with every problem's line
-    number. Kept for `FIBERMILL_FILE_TTL_SECONDS` (30 days) at most."""
+    number (a line holds one request of at most `FIBERMILL_MAX_BODY_BYTES`, nested at most 64
+    deep). Kept for `FIBERMILL_FILE_TTL_SECONDS` (30 days) at most."""
     if purpose != BATCH:
         raise InvalidInput("purpose", f"only purpose 'batch' can be uploaded, not {purpose!r}"
                            if purpose is not None else "is required (only 'batch')")
     if file is None:
         raise InvalidInput("file", "is required: the JSONL file, as a multipart file field")
     limit = settings.max_file_bytes
-    too_big = file.size is not None and file.size > limit
-    content = b"" if too_big else await file.read(limit + 1)
-    if too_big or len(content) > limit:
+    if file.size is not None and file.size > limit:
         raise PayloadTooLarge(
             f"the file is larger than the limit of {limit} bytes (FIBERMILL_MAX_FILE_BYTES)")
-    requests = jsonl.check(content)
+    # The upload is in a spooled temporary file (on disk past 1 MiB): it is checked and stored
+    # from there a chunk at a time, never read whole.
+    checked = await files.check(file.file, limit, settings.max_body_bytes)
     name = (file.filename or "batch.jsonl")[:MAX_FILENAME_CHARS]
-    meta = await files.create(content, name, purpose, principal.key_id, requests)
+    meta = await files.create_file(file.file, name, purpose, principal.key_id, checked.requests)
     return meta.openai()
 
 
