@@ -56,7 +56,12 @@ def _stop_leftovers(run_dir: Path) -> None:
 
 
 def _port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    """Whether the API could not bind `host:port`, tested the way uvicorn binds it: with
+    SO_REUSEADDR, so the TIME_WAIT sockets a run stopped a moment ago leaves behind do not
+    count (only a listener does)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -5,6 +5,7 @@ same state refused instead of taking the first one over."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from services.devstack import run
 from services.devstack.redis_server import free_port
 
 READY = "Ctrl-C stops everything."
@@ -106,3 +108,50 @@ def test_opened_to_the_network_it_says_who_can_reach_it():
     assert lines[1].startswith("API keys: OFF - anyone who reaches the port can submit jobs")
     assert lines[2] == "webhooks to private addresses: refused"
     assert exposure("0.0.0.0", Settings(api_keys="a,b"))[1] == "API keys: on (2 keys)"
+
+
+# The free-port probe -------------------------------------------------------------------------
+
+
+def _tcp_states(port: int) -> set[str]:
+    """The states (hex, as /proc/net/tcp writes them) of the IPv4 TCP sockets bound to
+    `port`: 0A listening, 06 TIME_WAIT."""
+    states = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port:
+            states.add(fields[3])
+    return states
+
+
+def _listener() -> socket.socket:
+    """A listener bound as uvicorn binds (SO_REUSEADDR), on a port of its own."""
+    lis = socket.socket()
+    lis.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lis.bind(("127.0.0.1", 0))
+    lis.listen()
+    return lis
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_server_is_free():
+    lis = _listener()
+    port = lis.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = lis.accept()
+    served.close()  # the server side closes first, so its end of the connection lingers
+    assert client.recv(1) == b""  # the server's FIN arrived
+    client.close()
+    lis.close()  # the server is gone; only its connection's TIME_WAIT is left
+    deadline = time.monotonic() + 5
+    while _tcp_states(port) != {"06"} and time.monotonic() < deadline:
+        time.sleep(0.01)  # the kernel's last ACK of the handshake, not a process to await
+    assert _tcp_states(port) == {"06"}
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # a bind without SO_REUSEADDR is refused here
+
+    assert run._port_in_use("127.0.0.1", port) is False
+
+
+def test_a_port_with_a_live_listener_is_in_use():
+    with _listener() as lis:
+        assert run._port_in_use("127.0.0.1", lis.getsockname()[1]) is True
