@@ -402,12 +402,16 @@ class JobStore:
         """Who holds the lease of each of the job's sub-requests that one holds."""
         return lease_owners_in(replies.raw_hash(await self.redis.hgetall(names.job_key(job_id))))
 
-    async def dead_letter(self, sub: SubRequest, result: SubResult) -> int:
-        """Give a sub-request up: keep it in the dead-letter list for an operator, and store
-        its failure as its result (see `store_result` for the return value)."""
-        entry = DeadLetter(subrequest=sub, reason=result.error.message if result.error else "",
-                           at=time.time())
-        await self.redis.lpush(names.DEAD_LETTER, entry.encode())
+    async def dead_letter(self, sub: SubRequest, result: SubResult, *, attempts: int,
+                          keep: int) -> int:
+        """Give a sub-request up: keep it in the dead-letter list for an operator (the newest
+        `keep` entries stay), and store its failure as its result (see `store_result` for the
+        return value)."""
+        entry = DeadLetter.of(sub, result.error, attempts=attempts, at=time.time())
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(names.DEAD_LETTER, entry.encode())
+            pipe.ltrim(names.DEAD_LETTER, 0, keep - 1)
+            await pipe.execute()
         return await self.store_result(sub.job_id, result, model=sub.model)
 
 

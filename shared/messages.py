@@ -185,11 +185,25 @@ class SubResult(Message):
 
 
 class DeadLetter(Message):
-    """A sub-request given up after its attempts, kept in `fm:deadletter` for an operator."""
+    """A sub-request given up after its attempts, kept in `fm:deadletter` for an operator:
+    which one, whose, and why. Never its prompt: the list outlives the job's record, and its
+    readers need not see what a key's callers wrote (the job, while kept, has it)."""
 
-    subrequest: SubRequest
+    job_id: str
+    index: int
+    model: str
+    owner: str | None = None
+    code: str
     reason: str
+    attempts: int
+    prompt_chars: int
     at: float
+
+    @classmethod
+    def of(cls, sub: SubRequest, error: JobError | None, attempts: int, at: float) -> Self:
+        return cls(job_id=sub.job_id, index=sub.index, model=sub.model, owner=sub.owner,
+                   code=error.code if error else "", reason=error.message if error else "",
+                   attempts=attempts, prompt_chars=len(sub.item.prompt), at=at)
 
 
 class CompletionEntry(BaseModel):

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(3.0, gt=0)
     janitor_interval_seconds: float = Field(2.0, gt=0)
     max_attempts: int = Field(3, ge=1)
+    # The sub-requests given up that `fm:deadletter` keeps for an operator, newest first (ids,
+    # model, error, attempts and the prompt's length: never the prompt).
+    dead_letter_max: int = Field(10_000, ge=1)
     # An outstanding sub-request that no worker leases and no queue holds is sent again after
     # this long (services/api/orphans.py); unset, two lease periods.
     lost_subrequest_seconds: float | None = Field(None, gt=0)

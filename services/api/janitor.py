@@ -117,7 +117,8 @@ class Janitor:
         sub = self.dispatcher.subrequests(rec)[index]
         attempts = await self.store.attempts(job_id, index)
         if attempts >= self.settings.max_attempts:
-            await self.store.dead_letter(sub, dead_lettered(sub, attempts, worker="janitor"))
+            await self.store.dead_letter(sub, dead_lettered(sub, attempts, worker="janitor"),
+                                         attempts=attempts, keep=self.settings.dead_letter_max)
             metrics.DEAD_LETTERED.inc()
             log.warning("dead-lettered %s:%d after %d attempts", job_id, index, attempts)
             return 1

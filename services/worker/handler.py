@@ -106,8 +106,9 @@ class Handler:
         """done, final, gone or busy: another delivery already covers this sub-request;
         exhausted: this one is given up."""
         if grant.outcome == LeaseOutcome.EXHAUSTED:
-            failure = dead_lettered(sub, self.settings.max_attempts, self.worker_id)
-            await self.store.dead_letter(sub, failure)
+            attempts = self.settings.max_attempts
+            await self.store.dead_letter(sub, dead_lettered(sub, attempts, self.worker_id),
+                                         attempts=attempts, keep=self.settings.dead_letter_max)
         return Outcome(grant.outcome.value)
 
     async def _run(self, flight: InFlight, arrival: Arrival) -> tuple[Outcome, bool]:

@@ -64,11 +64,17 @@ async def test_sub_request_out_of_attempts_is_dead_lettered(
         await store.charge_attempts([sub.member], "w")
         await store.claim_expired_leases()
     await store.acquire_lease(sub, "w", lease_seconds=-1, max_attempts=settings.max_attempts + 1)
-    janitor = Janitor(store, dispatcher, lifecycle, settings)
+    await aredis.lpush(names.DEAD_LETTER, "older", "old")  # letters of earlier sub-requests
+    capped = settings.model_copy(update={"dead_letter_max": 2})
+    janitor = Janitor(store, dispatcher, lifecycle, capped)
     assert await janitor.sweep() == 1
     assert await _queued(aredis, "tiny-gpt2") == []
-    letter = json.loads(await aredis.lindex(names.DEAD_LETTER, 0))
-    assert letter["subrequest"]["index"] == 0 and "attempts" in letter["reason"]
+    raw = await aredis.lrange(names.DEAD_LETTER, 0, -1)
+    assert len(raw) == 2 and raw[1] == b"old"  # the newest two: this one, then the last one
+    letter = json.loads(raw[0])
+    assert (letter["job_id"], letter["index"], letter["model"]) == ("j1", 0, "tiny-gpt2")
+    assert letter["attempts"] == settings.max_attempts and "attempts" in letter["reason"]
+    assert letter["prompt_chars"] == len(sub.item.prompt) and "prompt" not in letter
     joiner = Joiner(aredis, lifecycle, settings, "api")
     await joiner.ensure_group()
     await joiner.reclaim()

@@ -7,9 +7,10 @@ import pytest
 
 from shared import names
 from shared.errors import JobNotFound
+from shared.failures import dead_lettered
 from shared.job import JobStatus
 from shared.jobstore import RAN_TTL_SECONDS, Finished, JobStore, NewJob
-from shared.messages import GeneratedText, SubRequest, SubResult, TextItem
+from shared.messages import DeadLetter, GeneratedText, SubRequest, SubResult, TextItem
 
 FINALS = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED]
 
@@ -564,3 +565,22 @@ async def test_a_last_result_cannot_end_a_job_that_is_final(store):
                                          ONE_OUTPUT, "tiny-gpt2") == -2
     rec = await store.get("j1")
     assert rec.status == JobStatus.CANCELED and rec.output == [None]
+
+
+async def test_the_dead_letter_list_keeps_the_newest_entries_and_never_a_prompt(store, aredis):
+    await _job(store, total=5)
+    prompt = "a caller's private words"
+    subs = [SubRequest(job_id="j1", index=i, model="tiny-gpt2", owner="k1",
+                       item=TextItem(prompt=prompt, max_new_tokens=2)) for i in range(5)]
+    for sub in subs:
+        await store.dead_letter(sub, dead_lettered(sub, 3, worker="janitor"), attempts=3, keep=3)
+
+    raw = await aredis.lrange(names.DEAD_LETTER, 0, -1)
+    letters = [DeadLetter.decode(r) for r in raw]
+    assert [letter.index for letter in letters] == [4, 3, 2]  # newest first, the rest trimmed
+    assert all(prompt.encode() not in r for r in raw)
+    first = letters[0]
+    assert (first.job_id, first.model, first.owner, first.code, first.attempts) == (
+        "j1", "tiny-gpt2", "k1", "dead_lettered", 3)
+    assert first.prompt_chars == len(prompt) and "3 attempts" in first.reason
+    assert len(await store.results("j1")) == 5  # each one's failure is its result all the same

@@ -44,7 +44,7 @@ MESSAGES = [
     CancelNotice(job_id="j1"),
     WorkerHeartbeat(id="w/1", name="w", host="h", pid=1, device="cpu", models=["m"],
                     started_at=1.0, seen_at=2.0),
-    DeadLetter(subrequest=IMAGE, reason="given up", at=3.0),
+    DeadLetter.of(IMAGE, JobError(code="dead_lettered", message="given up"), attempts=3, at=3.0),
 ]
 
 

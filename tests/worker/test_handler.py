@@ -13,7 +13,14 @@ from shared import names
 from shared.celery_config import make_celery
 from shared.job_metrics import JOBS_FINISHED
 from shared.jobstore import JobStore, NewJob
-from shared.messages import GeneratedText, OutputEvent, SubRequest, SubResult, TextItem
+from shared.messages import (
+    DeadLetter,
+    GeneratedText,
+    OutputEvent,
+    SubRequest,
+    SubResult,
+    TextItem,
+)
 from shared.registry import load_registry
 from shared.settings import Settings
 
@@ -197,7 +204,7 @@ def test_time_limit_stops_a_long_run(runtime, job):
     assert result.error.code == "time_limit_exceeded" and "1s limit" in result.error.message
 
 
-def test_exhausted_attempts_are_dead_lettered(runtime, job):
+def test_exhausted_attempts_are_dead_lettered(runtime, job, sredis):
     job()
     store: JobStore = runtime.store
     for _ in range(2):  # two earlier attempts that each lost their worker while running it
@@ -206,3 +213,8 @@ def test_exhausted_attempts_are_dead_lettered(runtime, job):
         runtime.call(store.claim_expired_leases())
     assert runtime.handle(_sub()) == "exhausted"
     assert _results(runtime)[0].error.code == "dead_lettered"
+    (raw,) = sredis.lrange(names.DEAD_LETTER, 0, -1)
+    letter = DeadLetter.decode(raw)
+    assert (letter.job_id, letter.index, letter.code, letter.attempts, letter.prompt_chars) == (
+        "j1", 0, "dead_lettered", 2, len("hello"))
+    assert b"hello" not in raw
