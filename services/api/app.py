@@ -74,7 +74,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     s.janitor = Janitor(store, dispatcher, lifecycle, settings)
     s.loops = [Supervised("joiner", s.joiner.run), Supervised("janitor", s.janitor.run),
                Supervised("webhooks", outbox.run), Supervised("events", s.hub.run),
-               Supervised("sweeper", Sweeper(blobs, settings).run)]
+               Supervised("sweeper", Sweeper(blobs, settings, redis).run)]
     s.loops.append(Supervised("batches", batch_driver(s, settings, consumer).run))
     tasks = [asyncio.create_task(loop.run(), name=loop.name) for loop in s.loops]
     try:

@@ -6,13 +6,17 @@ claim whose job is not in the store tells the two cases apart: a stored job that
 expired frees the key; one still being created (by a request running beside it) is waited for
 briefly and returned, else answered 409, so two concurrent requests make one job. Every change
 to a claim checks that it is still the one it read
-(shared/redis_scripts/scripts/swap_if_equal.lua)."""
+(shared/redis_scripts/scripts/swap_if_equal.lua).
+
+A claim's time, and whether it is abandoned, are read on the Redis server's clock: replicas
+whose clocks disagree by more than ABANDONED_SECONDS would otherwise take over each other's
+claims in progress, or never free a dead one."""
 
 import asyncio
 import contextlib
 import hashlib
 import json
-import time
+import time  # monotonic only: the time a claim was made is the Redis server's
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -20,6 +24,7 @@ import redis.asyncio as aioredis
 
 from shared import names, redis_replies
 from shared.errors import IdempotencyConflict, JobNotFound
+from shared.redis_clock import redis_now
 from shared.redis_scripts.claims import swap_if_equal
 
 T = TypeVar("T")  # whatever the caller's loader gives for an earlier job
@@ -42,9 +47,10 @@ def _key(owner: str | None, key: str) -> str:
     return f"{names.PREFIX}:idem:{scoped}"
 
 
-def _entry(job_id: str, digest: str, stored: bool, at: float | None = None) -> str:
-    return json.dumps({"job": job_id, "digest": digest, "stored": stored,
-                       "at": time.time() if at is None else at})
+def _entry(job_id: str, digest: str, stored: bool, at: float) -> str:
+    """A claim: its job, the body's digest, whether the job is stored, and when the claim was
+    made (the Redis server's time)."""
+    return json.dumps({"job": job_id, "digest": digest, "stored": stored, "at": at})
 
 
 async def claim(redis: aioredis.Redis, owner: str | None, key: str, digest: str,
@@ -124,7 +130,7 @@ class Claims:
     ) -> tuple[T | None, str]:
         """(None, our claim) once the key is ours, else (the earlier job it names, '')."""
         while True:
-            ours = _entry(job_id, digest, stored=False)
+            ours = _entry(job_id, digest, stored=False, at=await redis_now(self.redis))
             found = await claim(self.redis, owner, key, digest, ours)
             if found is None:
                 return None, ours
@@ -146,7 +152,7 @@ class Claims:
             except JobNotFound:
                 if earlier.get("stored", True):
                     return None  # stored, then expired
-                if time.time() - earlier.get("at", 0) > ABANDONED_SECONDS:
+                if await redis_now(self.redis) - earlier.get("at", 0) > ABANDONED_SECONDS:
                     return None
                 if time.monotonic() > deadline:
                     raise IdempotencyConflict(

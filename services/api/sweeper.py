@@ -9,20 +9,25 @@ outputs of a job that failed or was canceled, and a second run's rewrite of an o
 Files (the Batch API's input, output and error files, and a batch's copy of its input) are swept
 the same way under `files/`, by `file_ttl_seconds`: their metadata in Redis expires with that
 TTL counted from the file's making, and its bytes go with their hour, at most an hour later.
+
+Whether an hour is past its retention is read on the Redis server's clock, so replicas whose
+clocks disagree do not delete an hour early (one running fast) or keep it late.
 """
 
 import asyncio
 import logging
-import time
 from datetime import UTC, datetime
 
+import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge
+from redis.exceptions import RedisError
 
 from services.api.batches.files import FILES
 from shared.asyncio_compat import raise_if_cancelled
 from shared.blobstore.base import BlobStore
 from shared.blobstore.keys import OUTPUTS, hour_prefix
 from shared.errors import BlobStoreUnavailable
+from shared.redis_clock import redis_now
 from shared.retention import hour_expired
 from shared.settings import Settings
 
@@ -40,9 +45,10 @@ OLDEST_HOUR_AGE = Gauge(
 
 
 class Sweeper:
-    def __init__(self, blobs: BlobStore, settings: Settings) -> None:
+    def __init__(self, blobs: BlobStore, settings: Settings, redis: aioredis.Redis) -> None:
         self.blobs = blobs
         self.settings = settings
+        self.redis = redis  # its clock decides what is past its retention
 
     async def run(self) -> None:
         while True:
@@ -56,17 +62,19 @@ class Sweeper:
                 # Not this replica's fault, and /readyz reports the store itself: the next
                 # sweep picks up where this one stopped.
                 log.warning("retention: sweep put off until the blob store is back: %s", exc)
+            except RedisError as exc:
+                log.warning("retention: sweep put off until Redis (its clock) is back: %s", exc)
 
     async def sweep(self, now: float | None = None) -> int:
-        """Delete every hour of outputs, and of files, past its retention; the number of
-        outputs deleted."""
-        now = time.time() if now is None else now
+        """Delete every hour of outputs, and of files, past its retention at `now` (unset:
+        the Redis server's time); the number of outputs deleted."""
+        now = await redis_now(self.redis) if now is None else now
         await self.sweep_files(now)
         return await self.sweep_outputs(now)
 
     async def sweep_files(self, now: float | None = None) -> int:
         """Delete every hour of files past `file_ttl_seconds`; the number of files deleted."""
-        now = time.time() if now is None else now
+        now = await redis_now(self.redis) if now is None else now
         deleted, _ = await self._sweep_hours(FILES, self.settings.file_ttl_seconds, now,
                                              FILE_FOLDERS_SWEPT, "files")
         return deleted

@@ -189,7 +189,7 @@ def test_files_have_their_own_size_limit(small_files):
     assert small_files.get("/v1/files").json()["data"][0]["bytes"] == len(fits)
 
 
-async def test_expired_hours_of_files_are_swept(tmp_path):
+async def test_expired_hours_of_files_are_swept(tmp_path, aredis):
     blobs = LocalBlobStore(tmp_path)
     now = time.time()
     old = [file_blob_key(new_file_id(now - 31 * DAY), "k1"),
@@ -199,7 +199,7 @@ async def test_expired_hours_of_files_are_swept(tmp_path):
     for key in old + kept:
         await blobs.put(key, b"{}\n")
     await blobs.put("files/notes.txt", b"not an hour")
-    sweeper = Sweeper(blobs, Settings(file_ttl_seconds=30 * DAY))
+    sweeper = Sweeper(blobs, Settings(file_ttl_seconds=30 * DAY), aredis)
     assert await sweeper.sweep_files(now) == 2
     assert sorted([k async for k in blobs.keys("")]) == sorted([*kept, "files/notes.txt"])
     await blobs.close()

@@ -20,6 +20,7 @@ from shared.errors import IdempotencyConflict
 from shared.job import JobRequest
 from shared.jobstore import JobStore, NewJob
 from shared.queue_depth import priority_lists
+from shared.redis_clock import redis_now
 from shared.registry import load_registry
 from shared.settings import get_settings
 
@@ -121,17 +122,58 @@ async def test_a_claim_still_in_progress_is_a_409_after_a_short_wait(claims, are
 async def test_a_claim_set_by_our_own_lost_command_is_ours(claims, aredis, store):
     """A SET whose reply timed out ran anyway; its retry finds our entry and must not wait
     for a job that this very request has not created yet."""
-    ours = idempotency._entry("j1", DIGEST, stored=False)
+    at = await redis_now(aredis)
+    ours = idempotency._entry("j1", DIGEST, stored=False, at=at)
     await aredis.set(idempotency._key(OWNER, "k"), ours)
     assert await idempotency.claim(aredis, OWNER, "k", DIGEST, ours) is None
-    other = idempotency._entry("j2", DIGEST, stored=False)
+    other = idempotency._entry("j2", DIGEST, stored=False, at=at)
     assert await idempotency.claim(aredis, OWNER, "k", DIGEST, other) is not None
 
 
 async def test_an_abandoned_claim_is_taken_over(claims, aredis, store):
     stale = idempotency._entry("never-stored", DIGEST, stored=False,
-                               at=time.time() - idempotency.ABANDONED_SECONDS - 1)
+                               at=await redis_now(aredis) - idempotency.ABANDONED_SECONDS - 1)
     await aredis.set(idempotency._key(OWNER, "k"), stale)
+    async with claims.hold(OWNER, "k", DIGEST, "j2", store.get) as earlier:
+        assert earlier is None
+        await _stored(store, "j2")
+    assert (await _entry(aredis, "k"))["job"] == "j2"
+
+
+async def test_a_claim_is_stamped_with_the_redis_servers_time(claims, aredis, store,
+                                                              monkeypatch):
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)  # this API host runs an hour fast
+    async with claims.hold(OWNER, "k", DIGEST, "j1", store.get):
+        stamped = json.loads(await aredis.get(idempotency._key(OWNER, "k")))["at"]
+        assert abs(stamped - await redis_now(aredis)) < 60
+
+
+async def test_a_fast_host_clock_does_not_take_over_a_claim_in_progress(claims, aredis, store,
+                                                                        monkeypatch):
+    """Another replica claimed the key a moment ago and is still storing its job: a replica an
+    hour ahead must not see that claim as abandoned and make a second job."""
+    monkeypatch.setattr(idempotency, "IN_PROGRESS_WAIT_SECONDS", 0.1)
+    fresh = idempotency._entry("in-progress", DIGEST, stored=False, at=await redis_now(aredis))
+    await aredis.set(idempotency._key(OWNER, "k"), fresh)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    with pytest.raises(IdempotencyConflict, match="still being processed"):
+        async with claims.hold(OWNER, "k", DIGEST, "second", store.get):
+            pytest.fail("the block must not run")
+    assert await aredis.get(idempotency._key(OWNER, "k")) == fresh.encode()
+
+
+async def test_a_slow_host_clock_still_frees_an_abandoned_claim(claims, aredis, store,
+                                                                monkeypatch):
+    """A claim whose creator died two minutes ago (by Redis's clock) is taken over by a
+    replica an hour behind, rather than refused for the rest of the key's day."""
+    monkeypatch.setattr(idempotency, "IN_PROGRESS_WAIT_SECONDS", 0.1)
+    stale = idempotency._entry("never-stored", DIGEST, stored=False,
+                               at=await redis_now(aredis) - 120)
+    await aredis.set(idempotency._key(OWNER, "k"), stale)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
     async with claims.hold(OWNER, "k", DIGEST, "j2", store.get) as earlier:
         assert earlier is None
         await _stored(store, "j2")
