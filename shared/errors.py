@@ -166,6 +166,13 @@ class PayloadTooLarge(FibermillError):
     code = "payload_too_large"
 
 
+class WebhookSecretNotRotatable(FibermillError):
+    """A rotation asked of an open API (no API keys), whose webhooks are signed with the
+    installation's one secret: it is set and changed where it is kept, not through the API."""
+
+    code = "not_rotatable"
+
+
 class WaitTimedOut(FibermillError):
     """A synchronous call (the OpenAI-compatible endpoints) waited its longest for its job,
     which runs on: the message names it, so the caller can still collect it."""

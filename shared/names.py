@@ -98,6 +98,12 @@ def webhook_throttle_key(job_id: str) -> str:
     return f"{PREFIX}:webhooks:throttle:{job_id}"
 
 
+def webhook_secrets_key(owner: str) -> str:
+    """One API key's webhook signing secrets (zset: secret -> when it stops signing, in
+    seconds by Redis's clock; +inf for the current one)."""
+    return f"{PREFIX}:webhook_secrets:{owner}"
+
+
 def ratelimit_key(who: str) -> str:
     """One caller's job-submission token bucket ("key:<id>", "ip:<addr>" or "anonymous"): a
     string "tokens time". (Older APIs kept a hash under `fm:ratelimit:<who>`.)"""

@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     webhook_progress_interval_seconds: float = Field(1.0, ge=0)
     webhook_backoff_base_seconds: float = Field(1.0, gt=0)  # doubles per attempt, full jitter
     webhook_backoff_cap_seconds: float = Field(300.0, gt=0)
+    # With API keys, each key has its own signing secrets (POST /v1/webhook-secret/rotate): a
+    # rotated-out one keeps signing beside its successor this long, so receivers can switch.
+    webhook_secret_overlap_seconds: int = Field(24 * 3600, ge=0)
 
     # Blob store for outputs and files (shared/blobstore). "local": files under blob_dir (in
     # deploy/k8s a PersistentVolume mounted by the API and every worker); "s3": a bucket on any

@@ -25,6 +25,7 @@ from services.api.routes import docs, health, jobs, models, openai, ui
 from services.api.routes import metrics as metrics_route
 from services.api.routes.batches import router as batches_router
 from services.api.routes.files import router as files_router
+from services.api.routes.webhook_secrets import router as webhook_secrets_router
 from services.api.submission import Submissions
 from services.api.supervisor import Supervised
 from services.api.sweeper import Sweeper
@@ -98,6 +99,7 @@ def create_app() -> FastAPI:
     app.include_router(openai.router)
     app.include_router(files_router)
     app.include_router(batches_router)
+    app.include_router(webhook_secrets_router)
     app.include_router(health.router)
     app.include_router(metrics_route.router)
     app.include_router(ui.router)

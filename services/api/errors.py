@@ -26,6 +26,7 @@ from shared.errors import (
     ServiceUnavailable,
     Unauthorized,
     WaitTimedOut,
+    WebhookSecretNotRotatable,
 )
 from shared.problems import sentence
 
@@ -42,6 +43,7 @@ STATUS = {
     ModelNotFound: 404,
     OutputNotFound: 404,
     InvalidTransition: 409,
+    WebhookSecretNotRotatable: 409,
     ServiceUnavailable: 503,
     WaitTimedOut: 504,
 }

@@ -1,5 +1,6 @@
 """Wrappers of the webhook outbox's scripts (scripts/webhook_*.lua): a delivery is a hash plus
-a member of a due-time zset, and its attempt number is the claim token."""
+a member of a due-time zset, and its attempt number is the claim token. And of the signing
+secrets' (scripts/webhook_secret*.lua): one zset per API key, secret -> when it stops signing."""
 
 from dataclasses import dataclass
 
@@ -13,6 +14,8 @@ WEBHOOK_ENQUEUE = Script("webhook_enqueue")
 WEBHOOK_TAKE = Script("webhook_take")
 WEBHOOK_SETTLE = Script("webhook_settle")
 WEBHOOK_RELEASE = Script("webhook_release")
+WEBHOOK_SECRETS = Script("webhook_secrets")
+WEBHOOK_SECRET_ROTATE = Script("webhook_secret_rotate")
 
 
 @dataclass(frozen=True)
@@ -71,3 +74,22 @@ async def release(redis: aioredis.Redis, *, delivery: Delivery, attempt: int,
     sender's."""
     return replies.integer(await WEBHOOK_RELEASE.run(
         redis, delivery.keys, [delivery.id, attempt, repr(now)])) == 1
+
+
+def _secrets(reply: object) -> list[tuple[str, float]]:
+    flat = replies.texts(reply)
+    return [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+
+async def secrets(redis: aioredis.Redis, *, key: str, new: str) -> list[tuple[str, float]]:
+    """The secrets signing now, as (secret, until): the current one first (until inf), then
+    the rotated-out ones, newest first. `new` becomes the current one when there is none."""
+    return _secrets(await WEBHOOK_SECRETS.run(redis, [key], [new]))
+
+
+async def rotate(redis: aioredis.Redis, *, key: str, new: str, overlap_seconds: float,
+                 keep_retired: int) -> list[tuple[str, float]]:
+    """Make `new` the current secret; the one it replaces signs for `overlap_seconds` more.
+    What `secrets` returns, after the rotation."""
+    return _secrets(await WEBHOOK_SECRET_ROTATE.run(
+        redis, [key], [new, repr(float(overlap_seconds)), keep_retired]))

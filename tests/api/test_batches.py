@@ -14,7 +14,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 from openai.types import Batch
-from standardwebhooks import Webhook
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from services.api.app import create_app
 from services.api.auth import digest, key_id
@@ -30,6 +30,7 @@ from services.api.batches.files import FileStore
 from services.api.batches.store import BatchStore
 from services.api.events import EventHub
 from services.api.submission import Submissions
+from services.api.webhooks.keyring import Keyring
 from shared import names
 from shared.blobstore.local import LocalBlobStore
 from shared.errors import ServiceUnavailable
@@ -563,7 +564,11 @@ async def test_a_batch_with_a_webhook_sends_a_signed_event_when_it_ends(env):
     assert len(hits) == 2
     headers, body = hits[-1]
     assert headers["webhook-id"] == hits[0][0]["webhook-id"]  # one event, retried
-    event = Webhook(WEBHOOK_SECRET).verify(body, headers)
+    # Signed with the secret of the batch's API key, as its jobs' webhooks are.
+    (own,) = await Keyring(env.redis, env.settings).secrets("k1")
+    event = Webhook(own.secret).verify(body, headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(WEBHOOK_SECRET).verify(body, headers)
     assert event["type"] == "batch.completed" and event["object"] == "event"
     assert event["data"]["id"] == batch_id and event["data"]["status"] == "completed"
     h = await env.batches.find(batch_id)

@@ -1,14 +1,22 @@
-"""No usable default signing secret: unset, each installation makes its own, kept in Redis and
-shared by every replica; a configured one is used as it is."""
+"""Signing secrets. No usable default: unset, each installation makes its own, kept in Redis and
+shared by every replica; a configured one is used as it is. With API keys, each key has its own,
+read and rotated through /v1/webhook-secret (services/api/routes/webhook_secrets.py)."""
 
 import asyncio
+import time
+from datetime import datetime
 
+import pytest
+from fastapi.testclient import TestClient
 from standardwebhooks import Webhook
 
+from services.api.app import create_app
+from services.api.webhooks.keyring import MAX_RETIRED
 from services.api.webhooks.outbox import Outbox
 from services.api.webhooks.secret import installation_secret
 from shared import names
-from shared.settings import Settings
+from shared.settings import Settings, get_settings
+from tests.api.conftest import WEBHOOK_SECRET
 
 
 async def test_replicas_share_one_generated_secret(aredis):
@@ -47,21 +55,85 @@ async def test_an_outbox_without_a_configured_secret_signs_with_the_installation
 ):
     unset = settings.model_copy(update={"webhook_secret": None})
     outbox = Outbox(aredis, store, unset, "api-1")
-    task = asyncio.create_task(outbox.run())
-    try:
-        for _ in range(200):
-            if outbox.signer is not None:
-                break
-            await asyncio.sleep(0.01)
-        secret = (await aredis.get(names.WEBHOOK_SECRET)).decode()
-        headers = outbox.signer.headers("msg_1", "{}")
-        Webhook(secret).verify("{}", headers)  # raises unless signed with that secret
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    headers = (await outbox.keyring.signer(None)).headers("msg_1", "{}")
+    secret = (await aredis.get(names.WEBHOOK_SECRET)).decode()
+    Webhook(secret).verify("{}", headers)  # raises unless signed with that secret
 
 
 async def test_a_configured_secret_is_used_and_nothing_is_generated(aredis, store, settings):
     outbox = Outbox(aredis, store, settings, "api-1")
-    Webhook(settings.webhook_secret).verify("{}", outbox.signer.headers("msg_1", "{}"))
+    headers = (await outbox.keyring.signer(None)).headers("msg_1", "{}")
+    Webhook(settings.webhook_secret).verify("{}", headers)
     assert await aredis.get(names.WEBHOOK_SECRET) is None
+
+
+# GET /v1/webhook-secret and POST /v1/webhook-secret/rotate -----------------------------------
+
+KEY_A, KEY_B = "fm-test-key-alpha", "fm-test-key-bravo"
+A = {"Authorization": f"Bearer {KEY_A}"}
+B = {"Authorization": f"Bearer {KEY_B}"}
+
+
+@pytest.fixture
+def client_for(settings_env, monkeypatch):
+    def make(**env: str) -> TestClient:
+        monkeypatch.setenv("FIBERMILL_WEBHOOK_SECRET", WEBHOOK_SECRET)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        get_settings.cache_clear()
+        return TestClient(create_app())
+    return make
+
+
+def test_each_key_gets_its_own_secret_made_on_first_use_and_kept(client_for):
+    with client_for(FIBERMILL_API_KEYS=f"{KEY_A},{KEY_B}") as client:
+        first = client.get("/v1/webhook-secret", headers=A)
+        again = client.get("/v1/webhook-secret", headers=A).json()
+        other = client.get("/v1/webhook-secret", headers=B).json()
+        anonymous = client.get("/v1/webhook-secret")
+    assert first.status_code == 200 and first.headers["cache-control"] == "no-store"
+    mine = first.json()
+    assert mine == again and mine["previous"] == [] and mine["overlap_seconds"] == 24 * 3600
+    assert mine["current"].startswith("whsec_")
+    Webhook(mine["current"])  # well formed
+    assert other["current"] != mine["current"]
+    assert WEBHOOK_SECRET not in (mine["current"], other["current"])  # not the install's
+    assert anonymous.status_code == 401
+
+
+def test_a_rotation_keeps_the_old_secret_signing_for_the_overlap(client_for):
+    with client_for(FIBERMILL_API_KEYS=f"{KEY_A},{KEY_B}",
+                    FIBERMILL_WEBHOOK_SECRET_OVERLAP_SECONDS="600") as client:
+        old = client.get("/v1/webhook-secret", headers=A).json()["current"]
+        other = client.get("/v1/webhook-secret", headers=B).json()
+        t0 = time.time()
+        rotated = client.post("/v1/webhook-secret/rotate", headers=A)
+        seen = client.get("/v1/webhook-secret", headers=A).json()
+        assert client.get("/v1/webhook-secret", headers=B).json() == other  # B's untouched
+    assert rotated.status_code == 200 and rotated.headers["cache-control"] == "no-store"
+    body = rotated.json()
+    assert body == seen and body["current"] not in (old, other["current"])
+    (previous,) = body["previous"]
+    assert previous["secret"] == old
+    until = datetime.fromisoformat(previous["signs_until"]).timestamp()
+    assert t0 + 600 - 60 < until < time.time() + 600 + 60
+
+
+def test_rotating_in_a_loop_keeps_only_the_newest_retired_secrets(client_for):
+    with client_for(FIBERMILL_API_KEYS=KEY_A) as client:
+        currents = [client.post("/v1/webhook-secret/rotate", headers=A).json()["current"]
+                    for _ in range(MAX_RETIRED + 3)]
+        body = client.get("/v1/webhook-secret", headers=A).json()
+    assert body["current"] == currents[-1]
+    assert [p["secret"] for p in body["previous"]] == currents[-2:-2 - MAX_RETIRED:-1]
+
+
+def test_an_open_api_shows_the_installations_secret_and_does_not_rotate_it(client_for):
+    with client_for() as client:
+        shown = client.get("/v1/webhook-secret")
+        refused = client.post("/v1/webhook-secret/rotate")
+        after = client.get("/v1/webhook-secret").json()
+    assert shown.json() == after == {"current": WEBHOOK_SECRET, "previous": [],
+                                     "overlap_seconds": 24 * 3600}
+    assert refused.status_code == 409 and refused.json()["code"] == "not_rotatable"
+    assert "FIBERMILL_WEBHOOK_SECRET" in refused.json()["detail"]

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from standardwebhooks import Webhook
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from services.api.webhooks.outbox import Outbox, webhook_id
+from services.api.webhooks.signing import Signer
 from services.api.webhooks.ssrf import check_webhook_url
 from shared import names
 from shared.job import JobMeta, JobStatus
@@ -163,9 +164,9 @@ async def outboxes(aredis, store) -> Any:
 
 
 async def new_job(store: JobStore, url: str | None, events: list[str] | None = None,
-                  final: bool = True) -> JobRecord:
+                  final: bool = True, owner: str | None = None) -> JobRecord:
     job_id = uuid.uuid4().hex
-    meta = JobMeta(webhook=url, webhook_events_filter=events or ["completed"])
+    meta = JobMeta(webhook=url, webhook_events_filter=events or ["completed"], owner=owner)
     await store.create(NewJob(job_id, "text-generation", "tiny-gpt2", {"prompt": "hi"}, 1, meta))
     if final:
         await store.finalize(job_id, JobStatus.SUCCEEDED, OUTPUT)
@@ -460,6 +461,92 @@ async def test_stale_updates_and_gone_jobs_are_dropped(store, aredis, receivers,
     await eventually(lambda: r.hits)
     await asyncio.sleep(0.2)
     assert [h.id for h in r.hits] == [webhook_id(running.id, "completed")]
+
+
+# Signing secrets per API key ----------------------------------------------------------------
+
+def verifies(secret: str, hit: Hit) -> bool:
+    try:
+        Webhook(secret).verify(hit.body, hit.headers)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
+async def test_one_keys_webhooks_do_not_verify_with_another_keys_secret(
+    store, receivers, outboxes
+):
+    settings = make_settings()
+    r = receivers()
+    ob, _ = outboxes(settings)
+    secret_a = (await ob.keyring.secrets("key-a"))[0].secret
+    secret_b = (await ob.keyring.secrets("key-b"))[0].secret
+    job_a = await new_job(store, r.url, owner="key-a")
+    job_b = await new_job(store, r.url, owner="key-b")
+    await ob.enqueue(job_a, "completed")
+    await ob.enqueue(job_b, "completed")
+
+    await eventually(lambda: len(r.hits) >= 2)
+    hits = {json.loads(h.body)["id"]: h for h in r.hits}
+    assert verifies(secret_a, hits[job_a.id]) and verifies(secret_b, hits[job_b.id])
+    assert not verifies(secret_b, hits[job_a.id]) and not verifies(secret_a, hits[job_b.id])
+    for hit in hits.values():  # nor with the install-wide secret everyone used to share
+        assert not verifies(settings.webhook_secret, hit)
+    # What key A's caller can make with its own secret: B's job "succeeded", signed by A.
+    forged = hits[job_b.id]
+    headers = Signer(secret_a).headers(forged.id, forged.body.decode())
+    assert not verifies(secret_b, dataclasses.replace(forged, headers=headers))
+
+
+async def test_a_rotation_overlaps_then_only_the_new_secret_signs(store, receivers, outboxes):
+    overlap = 2
+    settings = make_settings(webhook_secret_overlap_seconds=overlap)
+    r = receivers()
+    ob, _ = outboxes(settings)
+    (old,) = await ob.keyring.secrets("key-a")
+    new = (await ob.keyring.rotate("key-a"))[0]
+    during = await new_job(store, r.url, owner="key-a")
+    await ob.enqueue(during, "completed")
+    hit = await eventually(lambda: next(iter(r.hits), None))
+    # A receiver still holding the old secret, and one already on the new, both accept it.
+    assert verifies(old.secret, hit) and verifies(new.secret, hit)
+
+    await eventually(lambda: _one_secret(ob, "key-a"), timeout=overlap + 5)
+    after = await new_job(store, r.url, owner="key-a")
+    await ob.enqueue(after, "completed")
+    await eventually(lambda: len(r.hits) >= 2)
+    assert json.loads(r.hits[1].body)["id"] == after.id
+    assert verifies(new.secret, r.hits[1]) and not verifies(old.secret, r.hits[1])
+
+
+async def _one_secret(ob: Outbox, owner: str) -> bool:
+    return len(await ob.keyring.secrets(owner)) == 1
+
+
+async def test_a_delivery_in_flight_across_a_rotation_verifies_with_either_secret(
+    store, receivers, outboxes
+):
+    """Its retries after the rotation carry both signatures: the receiver need not switch
+    secrets at the very moment of the rotation."""
+    settings = make_settings()
+    switched: list[str] = []  # the receiver's secret once it has switched to the new one
+    r = receivers(lambda h, _n: (200, {}) if switched and verifies(switched[0], h)
+                  else (503, {}))
+    ob, _ = outboxes(settings)
+    (old,) = await ob.keyring.secrets("key-a")
+    job = await new_job(store, r.url, owner="key-a")
+    await ob.enqueue(job, "completed")
+    await eventually(lambda: r.hits)  # refused: it is being retried
+    assert verifies(old.secret, r.hits[0])
+    new = (await ob.keyring.rotate("key-a"))[0]
+    switched.append(new.secret)
+
+    async def delivered() -> bool:
+        return any(d.status_code == 200 for d in (await store.get(job.id)).webhook_deliveries)
+
+    await eventually(delivered)
+    last = r.hits[-1]  # the one answered 200
+    assert verifies(new.secret, last) and verifies(old.secret, last)
 
 
 # SSRF at send time --------------------------------------------------------------------------

@@ -16,9 +16,8 @@ import time
 import redis.asyncio as aioredis
 
 from services.api.batches.store import BatchStore, openai_batch
-from services.api.webhooks.secret import installation_secret
+from services.api.webhooks.keyring import Keyring
 from services.api.webhooks.sender import Sender
-from services.api.webhooks.signing import Signer
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,11 +31,11 @@ class BatchWebhooks:
         self.batches = batches
         self.settings = settings
         self._sender: Sender | None = None
+        self.keyring = Keyring(redis, settings)  # signed with the batch owner's secrets
 
     async def sender(self) -> Sender:
         if self._sender is None:
-            secret = self.settings.webhook_secret or await installation_secret(self.redis)
-            self._sender = Sender(Signer(secret), self.settings.webhook_timeout_seconds,
+            self._sender = Sender(self.settings.webhook_timeout_seconds,
                                   self.settings.webhook_allow_private)
         return self._sender
 
@@ -60,7 +59,8 @@ class BatchWebhooks:
         event_id = f"evt_{h['id'].removeprefix('batch_')}"
         payload = {"id": event_id, "object": "event", "type": f"batch.{h['status']}",
                    "created_at": int(now), "data": openai_batch(h)}
-        result = await (await self.sender()).post(url, event_id, payload)
+        signer = await self.keyring.signer(h.get("owner") or None)
+        result = await (await self.sender()).post(url, event_id, payload, signer)
         fields: dict[str, object] = {"webhook_attempts": attempts, "webhook_first_at": first}
         if result.verdict == "delivered":
             fields["webhook_state"] = "delivered"

@@ -14,6 +14,9 @@ final when it is sent is dropped when a `completed` webhook for the job is comin
 
 The delivered/failed hash is kept (as a tombstone) as long as the job, so a second enqueue of
 the same event, e.g. from another replica, does not send it again.
+
+Each attempt is signed with the secrets its job's owner has at the time (keyring.py): after a
+rotation, a retry carries the new secret's signature beside the old one's.
 """
 
 import asyncio
@@ -27,14 +30,12 @@ from datetime import UTC, datetime
 from typing import Literal, get_args
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from services.api.envelope import envelope
+from services.api.webhooks.keyring import Keyring
 from services.api.webhooks.metrics import DELIVERIES
 from services.api.webhooks.retry import backoff
-from services.api.webhooks.secret import installation_secret
 from services.api.webhooks.sender import Attempt, Sender
-from services.api.webhooks.signing import Signer
 from shared import redis_replies
 from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import JobNotFound
@@ -116,9 +117,7 @@ class Outbox:
             WEBHOOKS_DUE_UPDATES: max_updates_in_flight,
         }
         self.verify = verify
-        # A bad configured secret fails at startup; none configured: the installation's own,
-        # read from Redis when the sender starts.
-        self.signer = Signer(settings.webhook_secret) if settings.webhook_secret else None
+        self.keyring = Keyring(redis, settings)
         self.lease_seconds = settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS
         # A completed delivery's tombstone lives as long as its job, and at least until the
         # last retry could have been claimed.
@@ -159,14 +158,7 @@ class Outbox:
     # Sender loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        while self.signer is None:
-            try:
-                self.signer = Signer(await installation_secret(self.redis))
-            except RedisError:
-                log.warning("webhook sender waits for Redis to read its signing secret")
-                await asyncio.sleep(1)
         sender = Sender(
-            self.signer,
             self.settings.webhook_timeout_seconds,
             self.settings.webhook_allow_private,
             self.verify,
@@ -261,8 +253,9 @@ class Outbox:
             return
         raise_if_cancelled()  # not a new request from a replica that is stopping
         payload = envelope(rec, self.settings.public_url).model_dump(mode="json")
+        signer = await self.keyring.signer(rec.meta.owner)
         at = datetime.now(UTC)
-        result = await sender.post(str(rec.meta.webhook), claim.id, payload)
+        result = await sender.post(str(rec.meta.webhook), claim.id, payload, signer)
         record = asyncio.ensure_future(self.store.record_delivery(claim.job_id, WebhookDelivery(
             webhook_id=claim.id, event=claim.event, attempt=claim.attempt,
             status_code=result.status_code, error=result.error, at=at,

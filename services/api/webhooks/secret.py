@@ -1,9 +1,10 @@
-"""The secret that signs webhooks: the configured one, or this installation's own.
+"""The installation's secret, which signs the webhooks of an open API (no API keys; with keys,
+each key has its own: keyring.py): the configured one, or this installation's own.
 
 A deployment that sets no `FIBERMILL_WEBHOOK_SECRET` must not sign with a value anyone could
-read in a repository, so the first API replica to start makes a random one and keeps it in
-Redis, where every replica finds the same one (`SET NX`). Receivers read it there:
-`redis-cli GET fm:webhook_secret`.
+read in a repository, so the first API replica that needs it makes a random one and keeps it
+in Redis, where every replica finds the same one (`SET NX`). Receivers read it with
+`GET /v1/webhook-secret`, or `redis-cli GET fm:webhook_secret`.
 """
 
 import base64

@@ -108,9 +108,8 @@ def judge(status: int, retry_after: float | None) -> Attempt:
 
 
 class Sender:
-    def __init__(self, signer: Signer, timeout: float, allow_private: bool,
+    def __init__(self, timeout: float, allow_private: bool,
                  verify: ssl.SSLContext | bool = True) -> None:
-        self.signer = signer
         self.timeout = timeout
         self.client = httpx.AsyncClient(
             transport=PinnedTransport(allow_private, verify),
@@ -120,9 +119,11 @@ class Sender:
             headers={"user-agent": USER_AGENT},
         )
 
-    async def post(self, url: str, webhook_id: str, payload: dict[str, Any]) -> Attempt:
+    async def post(self, url: str, webhook_id: str, payload: dict[str, Any],
+                   signer: Signer) -> Attempt:
+        """One attempt, signed by `signer` (the secrets of the webhook's owner)."""
         body = json.dumps(payload, separators=(",", ":"))
-        headers = {"content-type": "application/json", **self.signer.headers(webhook_id, body)}
+        headers = {"content-type": "application/json", **signer.headers(webhook_id, body)}
         try:
             check_url_syntax(url)
             # httpx's timeout is per phase; this bounds the whole attempt, resolution included,
