@@ -10,6 +10,7 @@ see is not counted here: the worker still refuses what does not fit (pipelines/t
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -25,25 +26,34 @@ log = logging.getLogger(__name__)
 INLINE_CHARS = 2000
 
 
+# How long a model whose files this replica cannot see is taken as unseen before its folder is
+# looked at again (a volume mounted late).
+UNSEEN_RECHECK_SECONDS = 60.0
+
+
 class ContextWindows:
-    """Each model's tokenizer, loaded once, off the event loop."""
+    """Each model's context and tokenizer, found and loaded once (the tokenizer off the event
+    loop): a request reads no file and no folder."""
 
     def __init__(self) -> None:
         self._tokenizers: dict[Path, Tokenizer | None] = {}
         self._loading = asyncio.Lock()
         self._unseen: set[str] = set()
+        # By what decides a model's files: a registry reloaded with another path is new.
+        self._windows: dict[tuple, tuple[int, Tokenizer]] = {}
+        self._unseen_until: dict[tuple, float] = {}
 
     async def fit(self, spec: ModelSpec, inp: TextGenerationInput) -> None:
         """ContextLengthExceeded naming each prompt that does not fit with its budget; a
         budget left out is set to what fits, when the default would not."""
-        context, path = context_length(spec), tokenizer_file(spec)
-        tokenizer = None if path is None else await self._tokenizer(path)
-        if context is None or tokenizer is None:
+        window = await self._window(spec)
+        if window is None:
             if spec.name not in self._unseen:
                 self._unseen.add(spec.name)
                 log.warning("model %s: no context length or tokenizer.json readable here; "
                             "its prompts are measured by the worker only", spec.name)
             return
+        context, tokenizer = window
         counts = await _count(tokenizer, inp.prompts)
         longest = max(counts)
         if inp.max_new_tokens is None:
@@ -55,6 +65,20 @@ class ContextWindows:
             return
         if longest + inp.max_new_tokens > context:
             raise _exceeded(spec, context, counts, inp.max_new_tokens)
+
+    async def _window(self, spec: ModelSpec) -> tuple[int, Tokenizer] | None:
+        key = (spec.name, spec.kind, spec.path, spec.hf_cache, spec.revision, spec.max_context)
+        if (found := self._windows.get(key)) is not None:
+            return found
+        if time.monotonic() < self._unseen_until.get(key, 0.0):
+            return None
+        context, path = context_length(spec), tokenizer_file(spec)
+        tokenizer = None if path is None else await self._tokenizer(path)
+        if context is None or tokenizer is None:
+            self._unseen_until[key] = time.monotonic() + UNSEEN_RECHECK_SECONDS
+            return None
+        self._windows[key] = (context, tokenizer)
+        return context, tokenizer
 
     async def _tokenizer(self, path: Path) -> Tokenizer | None:
         if path not in self._tokenizers:
