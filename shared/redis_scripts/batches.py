@@ -15,6 +15,7 @@ BATCH_RECORD_JOB = Script("batch_record_job")
 BATCH_RENEW = Script("batch_renew")
 BATCH_RELEASE = Script("batch_release")
 BATCH_FLUSH = Script("batch_flush")
+BATCH_UPGRADE_DONE = Script("batch_upgrade_done")
 
 
 async def transition(redis: aioredis.Redis, *, batch_id: str, from_: Sequence[str], to: str,
@@ -70,3 +71,10 @@ async def release(redis: aioredis.Redis, *, batch_id: str, me: str) -> bool:
     """True when `me` held the lease (it is given up)."""
     return replies.integer(await BATCH_RELEASE.run(
         redis, [names.batch_lease_key(batch_id)], [me])) == 1
+
+
+async def upgrade_done(redis: aioredis.Redis, *, batch_id: str) -> int:
+    """Turn a `done` hash kept by an older driver into the bitmap and its lines into lines
+    waiting for a part; how many lines it moved (0: nothing to do)."""
+    return replies.integer(await BATCH_UPGRADE_DONE.run(
+        redis, [names.batch_done_key(batch_id), names.batch_lines_key(batch_id)], []))

@@ -695,3 +695,33 @@ async def test_expiry_follows_redis_clock_not_this_hosts(env, monkeypatch):
     assert abs(int(h["expired_at"]) - redis_now) < 5
     errors = await env.lines(h["error_file_id"])
     assert [x["custom_id"] for x in errors] == ["c0", "c1", "c2"]
+
+
+async def test_a_batch_an_older_driver_ran_is_taken_over(env):
+    """A driver from before kept done lines' file lines in a `done` hash and no index of the
+    input: the driver that takes the batch over makes the hash a bitmap (its lines go to a
+    part like any other) and the index from the input's copy, and runs the batch on."""
+    batch_id = await env.batch(3)
+    await env.driver("old").tick()
+    jobs = await env.jobs(batch_id)
+    await env.batches.release(batch_id, "old")
+    entry = {"id": f"batch_req_{jobs[0]}", "custom_id": "c0", "error": None,
+             "response": {"status_code": 200, "request_id": jobs[0], "body": {"old": True}}}
+    await env.redis.delete(names.batch_done_key(batch_id))
+    await env.redis.hset(names.batch_done_key(batch_id), "0", "o" + json.dumps(entry))
+    await env.redis.hdel(names.batch_jobs_key(batch_id), "0")
+    await env.redis.hincrby(names.batch_key(batch_id), "completed", 1)
+    h = await env.batches.find(batch_id)
+    await env.blobs.delete([h["index_key"]])
+    await env.redis.hdel(names.batch_key(batch_id), "index_key")
+
+    driver = env.driver("new")
+    await driver.tick()
+    assert await env.redis.type(names.batch_done_key(batch_id)) == b"string"  # a bitmap
+    assert (await env.batches.find(batch_id))["index_key"]
+    await env.succeed(jobs[1], jobs[2])
+    h = await _run_to_the_end(env, driver, batch_id)
+    assert (h["completed"], h["failed"]) == ("3", "0")
+    out = await env.lines(h["output_file_id"])
+    assert [x["custom_id"] for x in out] == ["c0", "c1", "c2"]
+    assert out[0] == entry and out[1]["response"]["request_id"] == jobs[1]

@@ -168,6 +168,8 @@ class BatchStore:
 
     async def progress(self, batch_id: str) -> tuple[dict[int, str], Bits]:
         """Lines submitted and not done (index -> job id), and lines done."""
+        # A batch an older driver ran kept its done lines as a hash: made a bitmap first.
+        await scripts.upgrade_done(self.redis, batch_id=batch_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(names.batch_jobs_key(batch_id))
             pipe.get(names.batch_done_key(batch_id))
