@@ -6,11 +6,15 @@ from celery import Celery
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
+from shared.job import BATCH_PRIORITY
 from shared.settings import Settings
 
-# One Redis list per priority: kombu names them `queue` (0), `queue:1` ... `queue:9` and BRPOPs
-# them in this order, so 0 is served first, matching JobOptions.priority (0 highest).
-PRIORITY_STEPS = list(range(10))
+# One Redis list per priority: kombu names them `queue` (0), `queue:1` ... `queue:10` and BRPOPs
+# them in this order, so 0 is served first, matching JobOptions.priority (0 highest). Step 10
+# (BATCH_PRIORITY) holds batch lines only: a worker's BRPOP names every interactive list of
+# every queue it consumes before any batch list, so it takes batch work only when no
+# interactive sub-request waits, with its prefetch (one per thread) unchanged.
+PRIORITY_STEPS = list(range(BATCH_PRIORITY + 1))
 PRIORITY_SEP = ":"
 
 
@@ -36,6 +40,9 @@ class Channel(kombu_redis.Channel):
     which costs more than the commands themselves."""
 
     ack_emulation = False  # kombu's Redis-side emulation off; the QoS above is its own
+    # kombu clamps a message's priority to 9 when it puts one back (a rejected message, a
+    # draining worker's); the batch step must go back to the batch list.
+    max_priority = BATCH_PRIORITY
     _short_client = None
 
     def __init__(self, *args, **kwargs) -> None:

@@ -152,6 +152,13 @@ class RateLimited(FibermillError):
         self.retry_after = retry_after
 
 
+class QuotaExceeded(RateLimited):
+    """An API key holds all its quota allows at once (open batches, its share of a model's
+    queue for batch work): the message names the quota and the count."""
+
+    code = "quota_exceeded"
+
+
 class Unauthorized(FibermillError):
     code = "unauthorized"
 
@@ -164,6 +171,12 @@ class IdempotencyConflict(FibermillError):
 
 class PayloadTooLarge(FibermillError):
     code = "payload_too_large"
+
+
+class StorageQuotaExceeded(PayloadTooLarge):
+    """An upload would take the bytes an API key's files hold past its quota."""
+
+    code = "storage_quota_exceeded"
 
 
 class WebhookSecretNotRotatable(FibermillError):

@@ -33,6 +33,9 @@ def _completed_only() -> list[WebhookEvent]:
     return ["completed"]
 MAX_PRIORITY = 9
 DEFAULT_PRIORITY = 5
+# A batch's lines queue one step below every priority a request may ask for: workers take
+# them only while no interactive sub-request of their models waits (shared/celery_config.py).
+BATCH_PRIORITY = MAX_PRIORITY + 1
 
 
 class JobOptions(BaseModel):
@@ -55,6 +58,8 @@ class JobOptions(BaseModel):
 class JobMeta(JobOptions):
     """What is stored with a job besides its input: the options and who submitted it."""
 
+    # As asked, or BATCH_PRIORITY for a batch's line: a resent sub-request keeps its step.
+    priority: int = Field(DEFAULT_PRIORITY, ge=0, le=BATCH_PRIORITY)
     owner: str | None = None  # the id of the API key that submitted the job
     idempotency_key: str | None = None
     # The base URL the job was submitted to: its links start there unless FIBERMILL_PUBLIC_URL

@@ -134,6 +134,23 @@ def batches_index_key(owner: str | None) -> str:
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"  # set: batches a driver must still move on
 
 
+# Per-key quotas (services/api/quotas.py).
+def batch_work_key(owner: str | None, model: str) -> str:
+    """One key's batch lines outstanding on one model (zset "<sub-requests>:<job id>" -> ms
+    reserved at)."""
+    return f"{PREFIX}:quota:{owner or '_open'}:batchwork:{model}"
+
+
+def batch_work_total_key(owner: str | None, model: str) -> str:
+    """The sub-requests of batch_work_key's members, summed (string)."""
+    return f"{PREFIX}:quota:{owner or '_open'}:batchwork:{model}:total"
+
+
+def quota_lock_key(owner: str | None, quota: str) -> str:
+    """Held (SET NX PX) while one request of the key counts a quota and acts on it."""
+    return f"{PREFIX}:quota:{owner or '_open'}:lock:{quota}"
+
+
 def batch_lease_key(batch_id: str) -> str:
     """Which API replica drives the batch (string, PX lease renewed while it drives)."""
     return f"{PREFIX}:batch:{batch_id}:lease"

@@ -19,7 +19,7 @@ import uuid
 from celery import Celery
 from kombu.utils.json import dumps
 
-from shared.job import DEFAULT_PRIORITY, MAX_PRIORITY
+from shared.job import BATCH_PRIORITY, DEFAULT_PRIORITY
 from shared.jobstore import Enqueue
 from shared.messages import SubRequest
 from shared.names import RUN_SUBREQUEST_TASK, queue_for
@@ -29,7 +29,8 @@ from shared.queue_depth import priority_lists
 async def send_subrequests(
     celery: Celery, subs: list[SubRequest], priority: int = DEFAULT_PRIORITY
 ) -> None:
-    """Enqueue on each model's queue; 0 is the highest priority, MAX_PRIORITY the lowest."""
+    """Enqueue on each model's queue; 0 is the highest priority, BATCH_PRIORITY (a batch's
+    lines only) the lowest."""
     _check_priority(priority)
     if subs:
         # kombu publishes synchronously; keep it off the event loop.
@@ -49,9 +50,9 @@ def _send(celery: Celery, subs: list[SubRequest], priority: int) -> None:
 
 
 def _check_priority(priority: int) -> None:
-    if not 0 <= priority <= MAX_PRIORITY:
+    if not 0 <= priority <= BATCH_PRIORITY:
         # kombu would clamp it silently into another priority list.
-        raise ValueError(f"priority must be 0..{MAX_PRIORITY}, not {priority}")
+        raise ValueError(f"priority must be 0..{BATCH_PRIORITY}, not {priority}")
 
 
 class TaskMessages:

@@ -4,10 +4,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class KeyQuotas(BaseModel):
+    """One API key's own quotas (FIBERMILL_KEY_QUOTAS); one left out is the default."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_active_batches: int | None = Field(None, ge=1)
+    max_stored_file_bytes: int | None = Field(None, ge=1)
+    batch_queue_share: float | None = Field(None, gt=0, le=1)
 
 
 class Settings(BaseSettings):
@@ -148,10 +157,22 @@ class Settings(BaseSettings):
     # counted from their upload or making, swept by the hour like outputs.
     max_file_bytes: int = Field(100_000_000, ge=1024)
     file_ttl_seconds: int = Field(30 * 24 * 3600, ge=3600)
-    # The queue priority of a batch's jobs (0 first, 9 last): interactive jobs (5 by default)
-    # pass them. A batch keeps at most this many of its lines queued or running at once.
+    # A batch's lines queue in their own step below every interactive priority (BATCH_PRIORITY
+    # in shared/job.py), whatever this says; the driver still passes it to each line's request.
     batch_priority: int = Field(9, ge=0, le=9)
+    # A batch keeps at most this many of its lines queued or running at once.
     batch_max_in_flight: int = Field(256, ge=1)
+    # Per-key quotas (services/api/quotas.py): batches open at once (validating to finalizing),
+    # bytes of files stored (uploads and batch output), and the share of a model's queue limit
+    # (max_queue_depth) that one key's batch lines may hold queued or running; past that share
+    # its batches wait. FIBERMILL_KEY_QUOTAS overrides them per key id (the first 16 hex digits
+    # of the key's SHA-256, as jobs record their owner), as JSON:
+    # {"<key id>": {"max_active_batches": 2, "max_stored_file_bytes": 10000000,
+    #  "batch_queue_share": 0.05}}.
+    max_active_batches_per_key: int = Field(20, ge=1)
+    max_stored_file_bytes_per_key: int = Field(10 * 1024**3, ge=1)
+    batch_queue_share_per_key: float = Field(0.1, gt=0, le=1)
+    key_quotas: dict[str, KeyQuotas] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _heartbeat_within_lease(self) -> "Settings":

@@ -10,10 +10,11 @@ from services.api.auth import Principal
 from services.api.backpressure import QueueDepths
 from services.api.context_window import ContextWindows
 from services.api.dispatch import Dispatcher
+from services.api.quotas import Quotas
 from services.api.webhooks.ssrf import check_webhook_url
 from shared.errors import InvalidInput, Problem
 from shared.inputs import TaskInput, TextGenerationInput, validate_input
-from shared.job import JobMeta, JobOptions, JobRequest, JobStatus
+from shared.job import BATCH_PRIORITY, JobMeta, JobOptions, JobRequest, JobStatus
 from shared.job_ids import new_job_id
 from shared.jobstore import JobRecord, JobStore, NewJob
 from shared.registry import ModelRegistry, ModelSpec
@@ -46,17 +47,22 @@ class Submissions:
         self.claims = idempotency.Claims(redis)
         self.depths = QueueDepths(redis, settings)
         self.windows = ContextWindows()
+        self.quotas = Quotas(redis, settings)
 
     async def submit(
         self, req: JobRequest, principal: Principal, idempotency_key: str | None,
         base_url: str | None = None, job_id: str | None = None,
-        bucket: TokenBucket | None = None, watched: bool = False,
+        bucket: TokenBucket | None = None, watched: bool = False, batch: bool = False,
     ) -> Submitted:
         """`job_id`, when given, is the new job's id (from `new_job_id()`): a caller that
         listens to the job's events subscribes before the job exists, and misses none.
         `bucket`, when given, is the caller's rate limit: the new job takes a token from it as
         it is stored, or RateLimited is raised and nothing is stored. `watched`: the caller
-        streams the job's live events (see JobStore.watch)."""
+        streams the job's live events (see JobStore.watch). `batch`: a batch's line, queued
+        in the batch step below every interactive priority and within its key's share of the
+        model's queue (services/api/quotas.py) instead of the interactive backlog's limit."""
+        if batch:
+            req = req.model_copy(update={"priority": BATCH_PRIORITY})
         spec, inp = await self._check(req, idempotency_key)
         # Of the body as sent (its task filled in, so leaving it out means the same), before a
         # seed is chosen; only an Idempotency-Key needs it.
@@ -72,7 +78,12 @@ class Submissions:
             if earlier is not None:
                 return Submitted(earlier, created=False)
             # After the Idempotency-Key: replaying an accepted job must not get a 503.
-            await self.depths.check(spec, len(subs))
+            reserved = None  # a batch line's room in its key's share of the model's queue
+            if batch:
+                reserved = await self.quotas.reserve_batch_work(principal.key_id, spec,
+                                                                probe.id, len(subs))
+            else:
+                await self.depths.check(spec, len(subs))
             # Stored and sent in one step: a job is never left half-sent.
             enqueue = self.dispatcher.messages(subs, req.priority) if subs else None
             meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
@@ -80,11 +91,17 @@ class Submissions:
                            base_url=base_url)
             job = NewJob(probe.id, probe.task, probe.model, probe.input, len(subs), meta,
                          watched=watched)
-            rec = await self.store.create(job, enqueue=enqueue, bucket=bucket)
+            try:
+                rec = await self.store.create(job, enqueue=enqueue, bucket=bucket)
+            except BaseException:
+                if reserved is not None:
+                    await self.quotas.release_batch_work(principal.key_id, spec.name, reserved)
+                raise
         # Counted once the job exists (it will reach a final status and be counted finished):
         # an Idempotency-Key replay is not a new job.
         metrics.JOBS_SUBMITTED.labels(spec.task, spec.name).inc()
-        self.depths.added(spec.name, len(subs))
+        if not batch:
+            self.depths.added(spec.name, len(subs))
         if enqueue is None:
             await self.store.mark_dispatched(rec.id)  # nothing to send
         return Submitted(rec, created=True)
@@ -128,6 +145,20 @@ class Submissions:
             # Counted once the rest is valid: a count needs the prompts and budget it checks.
             await self.windows.fit(spec, inp)
         return spec, inp
+
+
+class BatchLines:
+    """The batch driver's submitter: `submit` as the driver calls it, each line a batch job
+    (`Submissions.submit` with batch=True). A line put off (its key's share of the queue is
+    full: QuotaExceeded, a RateLimited) is tried again by the driver; nothing fails."""
+
+    def __init__(self, submissions: Submissions) -> None:
+        self.submissions = submissions
+
+    async def submit(self, req: JobRequest, principal: Principal, idempotency_key: str | None,
+                     base_url: str | None = None) -> Submitted:
+        return await self.submissions.submit(req, principal, idempotency_key, base_url,
+                                             batch=True)
 
 
 def _choose_seed(inp: TaskInput) -> None:

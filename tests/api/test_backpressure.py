@@ -1,5 +1,6 @@
 """A model whose queue is full gets 503 + Retry-After, and a refused job leaves nothing behind.
-Queue depth counts every priority list of the model's queue."""
+Queue depth counts every interactive priority list of the model's queue; batch lines, queued in
+a step of their own, never refuse an interactive job."""
 
 import asyncio
 
@@ -11,9 +12,10 @@ from services.api.app import create_app
 from services.api.backpressure import QueueDepths, check_backpressure
 from shared import names
 from shared.errors import InvalidInput, ServiceUnavailable
-from shared.job import JobStatus
+from shared.job import BATCH_PRIORITY, JobStatus
 from shared.jobstore import JobRecord
-from shared.queue_depth import priority_lists, queue_depth
+from shared.messages import SubRequest, TextItem
+from shared.queue_depth import batch_depth, priority_lists, queue_depth
 from shared.registry import load_registry
 from shared.settings import Settings, get_settings
 
@@ -88,11 +90,23 @@ async def test_queue_depth_counts_every_priority_list(dispatcher, aredis):
     await dispatcher.send(subs[2:], 9)
     lists = priority_lists("digits")
     assert lists[0] == names.queue_for("digits") and lists[9] == "fibermill.digits:9"
-    assert [await aredis.llen(k) for k in lists] == [1, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+    assert [await aredis.llen(k) for k in lists] == [1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0]
     assert await queue_depth(aredis, "digits") == 3
     assert await queue_depth(aredis, "tiny-gpt2") == 0
     with pytest.raises(ValueError):
-        await dispatcher.send(subs, 10)
+        await dispatcher.send(subs, BATCH_PRIORITY + 1)
+
+
+async def test_batch_lines_queued_never_refuse_an_interactive_job(client, aredis, dispatcher):
+    subs = [SubRequest(job_id="b1", index=i, model="tiny-gpt2",
+                       item=TextItem(prompt="x", max_new_tokens=1)) for i in range(5)]
+    await dispatcher.send(subs, BATCH_PRIORITY)
+    assert await batch_depth(aredis, "tiny-gpt2") == 5
+    assert await queue_depth(aredis, "tiny-gpt2") == 0
+    # 5 batch sub-requests queued and 3 more would pass the limit of 3: not counted.
+    assert client.post("/v1/jobs", json=_text(3)).status_code == 202
+    refused = client.post("/v1/jobs", json=_text(1))  # the interactive backlog is what counts
+    assert refused.status_code == 503 and "3 sub-requests queued" in refused.json()["detail"]
 
 
 async def test_a_replica_reads_a_queue_far_from_its_limit_at_most_once_a_second(
@@ -106,7 +120,7 @@ async def test_a_replica_reads_a_queue_far_from_its_limit_at_most_once_a_second(
 
     async def reads() -> int:
         stats = await aredis.info("commandstats")
-        return stats.get("cmdstat_llen", {}).get("calls", 0) // len(priority_lists("digits"))
+        return stats.get("cmdstat_llen", {}).get("calls", 0) // BATCH_PRIORITY  # its lists
 
     await aredis.config_resetstat()
     for _ in range(10):  # under half the limit: one read, then what this replica added
@@ -134,4 +148,5 @@ async def test_checks_that_need_a_read_while_one_is_under_way_share_it(aredis, m
     await aredis.config_resetstat()
     await asyncio.gather(*(depths.check(spec, 1) for _ in range(32)))
     stats = await aredis.info("commandstats")
-    assert stats["cmdstat_llen"]["calls"] == len(priority_lists("digits"))  # one read
+    # One read of the interactive lists (the batch list is not counted).
+    assert stats["cmdstat_llen"]["calls"] == len(priority_lists("digits")) - 1

@@ -34,7 +34,7 @@ from services.api.webhooks.keyring import Keyring
 from shared import names
 from shared.blobstore.local import LocalBlobStore
 from shared.errors import ServiceUnavailable
-from shared.job import JobStatus
+from shared.job import BATCH_PRIORITY, JobStatus
 from shared.jobstore import JobStore
 from shared.registry import load_registry
 from shared.settings import get_settings
@@ -131,7 +131,7 @@ def test_a_batch_runs_to_its_output_and_error_files(client, sredis):
         assert len(_jobs(r, batch.id)) <= 2
         for i, job_id in jobs.items():
             job = client.get(f"/v1/jobs/{job_id}", headers=A).json()
-            assert job["priority"] == get_settings().batch_priority
+            assert job["priority"] == BATCH_PRIORITY  # below every interactive priority
             _finish_job(r, job_id, outputs=2 if i == 4 else 1)
             finished.add(job_id)
     done = _wait(lambda: (b := _get(client, batch.id))["status"] == "completed" and b,

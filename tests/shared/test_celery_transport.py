@@ -5,6 +5,7 @@ written to Redis for it: a message costs its push and its pop."""
 
 import base64
 import json
+from typing import Any
 
 import pytest
 import redis
@@ -12,9 +13,10 @@ from kombu import Queue
 
 from shared import celery_config
 from shared.celery_config import make_celery
+from shared.job import BATCH_PRIORITY, MAX_PRIORITY
 from shared.messages import SubRequest, TextItem
 from shared.names import queue_for
-from shared.queue_depth import priority_lists
+from shared.queue_depth import batch_list, priority_lists
 from shared.sending import _send
 from shared.settings import Settings
 
@@ -51,7 +53,7 @@ def test_celery_uses_the_transport(celery):
             assert a is b  # one client, not one per command
 
 
-def _take(channel) -> object:
+def _take(channel) -> Any:
     message = Queue(queue_for("tiny-gpt2"), channel=channel, max_priority=9).get(no_ack=False)
     assert message is not None
     return message
@@ -124,3 +126,39 @@ def test_a_dead_consumers_message_is_left_for_the_orphan_sweep(celery, sredis):
         live.qos.restore_visible(interval=1)  # what a live consumer's poller calls
         live.close()
     assert r.llen(key) == 0 and not r.exists("unacked")
+
+
+def _sub(model: str, job_id: str) -> SubRequest:
+    return SubRequest(job_id=job_id, index=0, model=model,
+                      item=TextItem(prompt="a", max_new_tokens=1))
+
+
+def test_a_consumer_takes_batch_work_only_while_no_interactive_message_waits(celery, sredis):
+    """As a worker consumes (BRPOP over its queues): batch lines queued first, then an
+    interactive message of the lowest priority on another of the worker's models."""
+    _send(celery, [_sub("tiny-gpt2", f"b{i}") for i in range(3)], BATCH_PRIORITY)
+    _send(celery, [_sub("digits", "i1")], MAX_PRIORITY)
+    assert sredis.llen(batch_list("tiny-gpt2")) == 3
+    got: list[str] = []
+
+    def take(body, message) -> None:
+        got.append(SubRequest.from_task_arg(body[0][0]).job_id)
+        message.ack()
+
+    with celery.connection_for_read() as conn:
+        queues = [Queue(queue_for(m)) for m in ("tiny-gpt2", "digits")]
+        with conn.Consumer(queues, callbacks=[take], accept=["json"]) as consumer:
+            consumer.qos(prefetch_count=1)
+            while len(got) < 4:
+                conn.drain_events(timeout=5)
+    assert got == ["i1", "b0", "b1", "b2"]
+
+
+def test_a_rejected_batch_message_goes_back_to_the_batch_list(celery, sredis):
+    _send(celery, [SUB], BATCH_PRIORITY)
+    with celery.connection_for_read() as conn:
+        channel = conn.channel()
+        _take(channel).reject(requeue=True)
+        channel.close()
+    assert _queued(sredis, batch_list("tiny-gpt2")) == [SUB]
+    assert sredis.llen(priority_lists("tiny-gpt2")[MAX_PRIORITY]) == 0

@@ -8,7 +8,7 @@ import pytest
 
 from shared import names
 from shared.celery_config import make_celery
-from shared.job import JobMeta
+from shared.job import BATCH_PRIORITY, JobMeta
 from shared.jobstore import Enqueue, JobStore, NewJob
 from shared.messages import SubRequest, TextItem
 from shared.queue_depth import priority_lists
@@ -65,7 +65,7 @@ async def test_built_messages_are_what_celery_publishes(celery, aredis, priority
 def test_one_job_one_model_one_valid_priority(celery):
     messages = TaskMessages(celery)
     with pytest.raises(ValueError):
-        messages.build(_subs(), 10)
+        messages.build(_subs(), BATCH_PRIORITY + 1)
     mixed = [*_subs(), SubRequest(job_id="j1", index=2, model="digits",
                                   item=TextItem(prompt="x", max_new_tokens=1))]
     with pytest.raises(ValueError):

@@ -8,7 +8,7 @@ from services.api.batches.files import FileStore
 from services.api.batches.store import BatchStore
 from services.api.events import EventHub
 from services.api.lifecycle import Lifecycle
-from services.api.submission import Submissions
+from services.api.submission import BatchLines, Submissions
 from shared.blobstore.base import BlobStore
 from shared.jobstore import JobStore
 from shared.registry import ModelRegistry
@@ -26,10 +26,16 @@ class DriverParts:
     files: FileStore
     blobs: BlobStore
     store: JobStore
-    submissions: Submissions
+    # Given the app's Submissions, the driver gets it as BatchLines: its lines queue as batch
+    # work (below every interactive job, within the key's share of the model's queue).
+    submissions: Submissions | BatchLines
     lifecycle: Lifecycle
     registry: ModelRegistry
     hub: EventHub | None = None  # tells the driver a line's job ended between ticks
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.submissions, BatchLines):
+            object.__setattr__(self, "submissions", BatchLines(self.submissions))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from services.api.auth import Principal
 from services.api.envelope import base_url, output_url
@@ -23,7 +24,7 @@ from services.api.openai.stream import TextRequest, relay
 from services.api.openai.translate import failure, job_request, text_response
 from services.api.ratelimit import RateLimiter, bucket_key
 from services.api.submission import Submissions
-from services.api.watchers import TooManyWatches, Watchers
+from services.api.watchers import Watchers
 from shared.blobstore.base import BlobStore
 from shared.blobstore.keys import output_key
 from shared.errors import JobNotFound, WaitTimedOut
@@ -54,15 +55,29 @@ class Calls:
     async def answer(self, req: OpenAIRequest, principal: Principal, base: str,
                      idempotency_key: str | None) -> JSONResponse | EventSourceResponse:
         job = job_request(req, self.registry)
-        caller = bucket_key(principal)
-        # Refused before the job exists: an accepted job is never answered with an error.
-        if (why := self.watchers.refusal(caller)) is not None:
-            raise TooManyWatches(why)
-        if not isinstance(req, ImageGenerationRequest) and req.stream:
-            return await self._stream(req, job, principal, base, idempotency_key, caller)
+        # The caller's stream or wait is checked against its limit and held in one step (no
+        # await between), before the job exists: calls arriving at once cannot all pass a
+        # check that none of them has recorded yet, and an accepted job is never answered
+        # with an error. A stream's response holds it until the stream ends or its client
+        # goes; any other call, until its answer.
+        slot = contextlib.ExitStack()
+        slot.enter_context(self.watchers.hold(bucket_key(principal)))
+        handed_over = False
+        try:
+            if not isinstance(req, ImageGenerationRequest) and req.stream:
+                response = await self._stream(req, job, principal, base, idempotency_key, slot)
+                handed_over = True
+                return response
+            return await self._answer(req, job, principal, base, idempotency_key)
+        finally:
+            if not handed_over:
+                slot.close()
+
+    async def _answer(self, req: OpenAIRequest, job: JobRequest, principal: Principal,
+                      base: str, idempotency_key: str | None) -> JSONResponse:
         rec = (await self.submissions.submit(job, principal, idempotency_key, base,
                                              bucket=self.limiter.bucket(principal))).job
-        rec = await self._wait(rec, caller)
+        rec = await self._wait(rec)
         if rec.status != JobStatus.SUCCEEDED:
             status, body = failure(rec)
             return JSONResponse(body, status_code=status)
@@ -70,11 +85,10 @@ class Calls:
             return JSONResponse(await self._images(req, rec))
         return JSONResponse(text_response(req, rec))
 
-    async def _wait(self, rec: JobRecord, caller: str) -> JobRecord:
+    async def _wait(self, rec: JobRecord) -> JobRecord:
         if not rec.final:
             seconds = self.settings.openai_wait_seconds
-            with self.watchers.hold(caller, checked=True):
-                rec = await wait_final(self.hub, self.store, rec.id, seconds, rec)
+            rec = await wait_final(self.hub, self.store, rec.id, seconds, rec)
             if not rec.final:
                 raise WaitTimedOut(rec.id, seconds)
         return rec
@@ -96,8 +110,10 @@ class Calls:
         return {"created": int(rec.created_at), "data": data}
 
     async def _stream(self, req: TextRequest, job: JobRequest, principal: Principal,
-                      base: str, idempotency_key: str | None, caller: str
+                      base: str, idempotency_key: str | None, slot: contextlib.ExitStack
                       ) -> EventSourceResponse:
+        """The stream's response, which releases `slot` when the stream ends, its client goes
+        away, or (the response never started) the response is done with."""
         job_id = new_job_id()
         listening = contextlib.AsyncExitStack()
         # Subscribed before the job exists: its first tokens cannot slip by.
@@ -114,20 +130,22 @@ class Calls:
             await listening.aclose()
             listener = await listening.enter_async_context(self.hub.listen(rec.id, live=True))
             await self.store.watch(rec.id)
-        return EventSourceResponse(self._events(req, rec, listener, listening, caller), ping=15)
+        # Closing a slot twice is harmless: the stream's end and the response's both do.
+        return EventSourceResponse(self._events(req, rec, listener, listening, slot), ping=15,
+                                   background=BackgroundTask(slot.close))
 
     async def _events(self, req: TextRequest, rec: JobRecord, listener,
-                      listening: contextlib.AsyncExitStack, caller: str
+                      listening: contextlib.AsyncExitStack, slot: contextlib.ExitStack
                       ) -> AsyncIterator[dict[str, str]]:
         ended = False
         try:
-            with self.watchers.hold(caller, checked=True):
-                async with listening:
-                    async for chunk in relay(req, rec, listener, self.store):
-                        yield {"data": json.dumps(chunk, separators=(",", ":"))}
-                yield {"data": "[DONE]"}
-                ended = True
+            async with listening:
+                async for chunk in relay(req, rec, listener, self.store):
+                    yield {"data": json.dumps(chunk, separators=(",", ":"))}
+            yield {"data": "[DONE]"}
+            ended = True
         finally:
+            slot.close()
             if not ended:
                 # The client went away: the job's work is wasted, so it stops. Not awaited
                 # here: this generator is being closed, and its awaits would be canceled too.

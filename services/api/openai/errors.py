@@ -17,6 +17,7 @@ from shared.errors import (
     JobNotFound,
     OutputNotFound,
     PayloadTooLarge,
+    QuotaExceeded,
     RateLimited,
     ServiceUnavailable,
     Unauthorized,
@@ -51,6 +52,8 @@ def openai_error(exc: FibermillError, status: int, path: str = "") -> tuple[int,
     kind = "invalid_request_error"
     if isinstance(exc, Unauthorized):
         kind, code = "invalid_request_error", "invalid_api_key"
+    elif isinstance(exc, QuotaExceeded):
+        kind, code = "rate_limit_error", exc.code
     elif isinstance(exc, RateLimited):
         kind, code = "rate_limit_error", "rate_limit_exceeded"
     elif isinstance(exc, WaitTimedOut):
@@ -99,7 +102,8 @@ _WHY = {
     404: "No such model (model_not_found), or no such object for this API key",
     409: "The job was canceled before it finished",
     413: "The body is larger than the server's limit",
-    429: "Rate limited, or too many open streams and waits; retry after Retry-After seconds",
+    429: ("Rate limited, a per-key quota reached, or too many open streams and waits; retry "
+          "after Retry-After seconds"),
     500: "The job failed (its code says why: model_error, dead_lettered...)",
     503: "The model's queue is full, or a store is unreachable; retry after Retry-After",
     504: "The job did not finish within FIBERMILL_OPENAI_WAIT_SECONDS; it runs on, and the "

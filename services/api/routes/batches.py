@@ -13,6 +13,7 @@ from services.api.batches.files import BATCH
 from services.api.batches.store import COMPLETION_WINDOW_SECONDS, openai_batch
 from services.api.deps import SettingsDep
 from services.api.openai.translate import BATCH_ENDPOINTS
+from services.api.quotas import QuotasDep
 from services.api.webhooks.ssrf import check_webhook_url
 from shared.errors import InvalidInput, Problem
 
@@ -38,7 +39,8 @@ class BatchCreate(BaseModel):
 
 @router.post("")
 async def create_batch(body: BatchCreate, principal: PrincipalDep, files: FilesDep,
-                       batches: BatchesDep, settings: SettingsDep) -> dict[str, Any]:
+                       batches: BatchesDep, settings: SettingsDep, quotas: QuotasDep
+                       ) -> dict[str, Any]:
     """Run every request of an uploaded input file; the batch starts `validating`."""
     problems: list[Problem] = []
     if body.endpoint not in BATCH_ENDPOINTS:
@@ -64,9 +66,10 @@ async def create_batch(body: BatchCreate, principal: PrincipalDep, files: FilesD
             problems += exc.problems
     if problems:
         raise InvalidInput.of(problems)
-    h = await batches.create(body.input_file_id, body.endpoint, body.completion_window,
-                             body.metadata, principal.key_id,
-                             str(body.webhook) if body.webhook is not None else None)
+    async with quotas.new_batch(principal.key_id):
+        h = await batches.create(body.input_file_id, body.endpoint, body.completion_window,
+                                 body.metadata, principal.key_id,
+                                 str(body.webhook) if body.webhook is not None else None)
     return openai_batch(h)
 
 

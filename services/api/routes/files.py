@@ -10,6 +10,7 @@ from services.api.auth import PrincipalDep, authenticate
 from services.api.batches.deps import FilesDep
 from services.api.batches.files import BATCH, MAX_LIST, FileMeta
 from services.api.deps import SettingsDep
+from services.api.quotas import QuotasDep
 from shared.blobstore.blob import Blob
 from shared.errors import InvalidInput, PayloadTooLarge
 
@@ -23,6 +24,7 @@ async def upload_file(
     principal: PrincipalDep,
     files: FilesDep,
     settings: SettingsDep,
+    quotas: QuotasDep,
     file: Annotated[UploadFile | None, File(description="A JSONL file of batch requests")] = None,
     purpose: Annotated[str | None, Form(description="Only `batch` is accepted")] = None,
 ) -> dict[str, Any]:
@@ -43,7 +45,9 @@ async def upload_file(
     # from there a chunk at a time, never read whole.
     checked = await files.check(file.file, limit, settings.max_body_bytes)
     name = (file.filename or "batch.jsonl")[:MAX_FILENAME_CHARS]
-    meta = await files.create_file(file.file, name, purpose, principal.key_id, checked.requests)
+    async with quotas.upload(principal.key_id, checked.size):
+        meta = await files.create_file(file.file, name, purpose, principal.key_id,
+                                       checked.requests)
     return meta.openai()
 
 
