@@ -29,10 +29,11 @@ room it frees is filled at once, so a batch runs as fast as its jobs do, not a t
 A batch created or cancelled on this replica is taken up at once too. The tick still reads every
 pending line's job: a message missed while the hub reconnected costs a tick, not a line.
 
-At most `batch_max_in_flight` lines of a batch are submitted and not final at once; they run at
-`batch_priority`. A line the API refuses (InvalidInput) goes to the error file with the status
-and body the synchronous endpoint would have answered; a full queue (ServiceUnavailable) or a
-rate limit puts submitting off, and the line is tried again.
+At most `batch_max_in_flight` lines of a batch are submitted and not final at once; they queue
+in the batch step, below every interactive priority (services/api/submission.py). A line the
+API refuses (InvalidInput) goes to the error file with the status and body the synchronous
+endpoint would have answered; a full queue (ServiceUnavailable) or a rate limit puts
+submitting off, and the line is tried again.
 """
 
 import asyncio
@@ -497,7 +498,7 @@ class BatchDriver:
         line = jsonl.read(d.content, d.spans[i])
         try:
             req = translate.parse(line.url, line.body)
-            job = translate.job_request(req, self.registry, priority=self.settings.batch_priority)
+            job = translate.job_request(req, self.registry)
             done = await self.submissions.submit(
                 job, principal, idempotency_key=f"batch-{d.batch_id}-{line.line}", base_url=None)
         except InvalidInput as exc:
