@@ -96,6 +96,33 @@ class JobUrls(BaseModel):
     events: str = Field(description="GET: the job's live events (Server-Sent Events)")
 
 
+class QueueBasis(BaseModel):
+    """What an estimated start was worked out from: the model's measured throughput."""
+
+    finished: int = Field(description="Outputs of this model finished in the window")
+    seconds: float = Field(description="The window they finished in, in seconds: the recent "
+                           "time since the model's first finished output in it")
+    per_second: float = Field(description="Outputs finished per second (finished / seconds)")
+
+
+class QueuePosition(BaseModel):
+    """Where a queued job stands in its model's line."""
+
+    position: int = Field(description="The job's place in line, counted in outputs (a "
+                          "prompt, or an image): 1 when its first output is the next of its "
+                          "model's to start; `ahead` + 1")
+    ahead: int = Field(description=(
+        "Outputs of this model, of any job, not finished and due before this one's first "
+        "(running, or waiting at a more urgent priority, or at its own and sent before it). "
+        "More urgent work sent after this read can still pass it"))
+    estimated_start: datetime | None = Field(None, description=(
+        "When its first output should start: now plus `ahead` divided by the model's "
+        "measured throughput; null while nothing of the model has finished recently (no "
+        "measure, no guess)"))
+    basis: QueueBasis | None = Field(None, description="The throughput the estimate is "
+                                     "based on; null with no estimate")
+
+
 class WebhookDelivery(BaseModel):
     """One attempt to deliver one webhook event."""
 
@@ -134,6 +161,9 @@ class Job(BaseModel):
         default_factory=_completed_only, description="Which events are delivered")
     webhook_deliveries: list[WebhookDelivery] = Field(
         default_factory=list, description="Every delivery attempt so far, oldest first")
+    queue: QueuePosition | None = Field(None, description=(
+        "While it is queued, in GET /v1/jobs/{id}: its place in its model's line and an "
+        "estimate of its start; null otherwise"))
 
 
 class JobList(BaseModel):

@@ -27,7 +27,10 @@ from shared.messages import (
 )
 from shared.redis_scripts import backlog, jobs, leases
 from shared.redis_scripts.jobs import Enqueue, Finished
+from shared.settings import get_settings
+from shared.throughput import bucket_ttl
 from shared.token_bucket import TokenBucket
+from shared.usage import DAY_SECONDS
 
 # A deadline or a dispatch the janitor took but did not finish with is due again this much later.
 RETRY_CLAIM_SECONDS = 30.0
@@ -95,8 +98,11 @@ class JobStore:
     def __init__(self, redis: aioredis.Redis, finished_ttl: int = 7 * 24 * 3600) -> None:
         self.redis = redis
         self.finished_ttl = finished_ttl
+        settings = get_settings()
         self._ttls = jobs.Ttls(finished=finished_ttl,
-                               ran=min(finished_ttl, RAN_TTL_SECONDS))
+                               ran=min(finished_ttl, RAN_TTL_SECONDS),
+                               usage=settings.usage_retention_days * DAY_SECONDS,
+                               throughput=bucket_ttl(settings.throughput_window_seconds))
         self._creates = itertools.count()
 
     # Jobs -----------------------------------------------------------------------------------

@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     max_watches_per_caller: int = Field(200, ge=1)
     max_deadline_seconds: int = Field(7 * 24 * 3600, ge=1)
 
+    # Usage per API key (GET /v1/usage): each UTC day's counters are kept this long.
+    usage_retention_days: int = Field(400, ge=1)
+    # A queued job's estimated start divides its place in line by its model's throughput,
+    # measured over this many recent seconds (sub-requests finished per second).
+    throughput_window_seconds: int = Field(120, ge=10, le=900)
+
     # Webhooks
     # The Standard Webhooks `whsec_` secret that signs webhooks. Unset, every installation makes
     # its own on first start and keeps it in Redis (`fm:webhook_secret`): never a value anyone

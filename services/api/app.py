@@ -21,7 +21,7 @@ from services.api.joiner import Joiner
 from services.api.lifecycle import Lifecycle
 from services.api.notify import Notifier
 from services.api.ratelimit import RateLimiter
-from services.api.routes import docs, health, jobs, models, openai, ui
+from services.api.routes import docs, health, jobs, models, openai, ui, usage
 from services.api.routes import metrics as metrics_route
 from services.api.routes.batches import router as batches_router
 from services.api.routes.files import router as files_router
@@ -96,6 +96,7 @@ def create_app() -> FastAPI:
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(models.router)
+    app.include_router(usage.router)
     app.include_router(openai.router)
     app.include_router(files_router)
     app.include_router(batches_router)

@@ -17,9 +17,13 @@ from rich.progress import (
 )
 
 from services.cli.client import Client, Unreachable
+from services.cli.render import queue_line
 
 FINAL = {"succeeded", "failed", "canceled"}
 POLL_SECONDS = 1.0
+# A queued job with work ahead of it is polled this often for its place in line (its event
+# stream says nothing until it starts); one next in line is followed by its events at once.
+QUEUE_POLL_SECONDS = 1.0
 GIVE_UP_SECONDS = 60.0  # an API silent this long is not restarting
 
 
@@ -64,7 +68,10 @@ class Bars:
     def status(self, job: dict) -> None:
         self.unit = "token" if job["task"] == "text-generation" else "step"
         p = job["progress"]
-        self.bars.update(self.outputs, description=f"{job['status']:<9} outputs",
+        description = f"{job['status']:<9} outputs"
+        if job["status"] == "queued" and (queue := queue_line(job.get("queue"))):
+            description = f"queued: {queue}"
+        self.bars.update(self.outputs, description=description,
                          completed=p["done"], total=p["total"])
         # Step events are throttled, so the last one drawn is rarely the last step: a step bar
         # left on the screen would end short of done. The outputs bar shows the end.
@@ -90,8 +97,10 @@ def display_for(console: Console) -> Display:
 
 
 def follow(client: Client, job: dict, display: Display) -> dict:
-    """The job once final: from its event stream, or by polling if the stream breaks."""
+    """The job once final: from its event stream, or by polling if the stream breaks. While
+    it waits behind others it is polled, so that its place in line is shown."""
     display.status(job)
+    job = wait_in_line(client, job, display)
     try:
         for event, data in client.events(job["id"]):
             if event == "status":
@@ -117,4 +126,20 @@ def follow(client: Client, job: dict, display: Display) -> dict:
             continue
         silent_since = None
         display.status(job)
+    return job
+
+
+def wait_in_line(client: Client, job: dict, display: Display) -> dict:
+    """The job once it is no longer queued behind other work: polled for its place in line
+    (and shown) while outputs are ahead of it."""
+    while job["status"] == "queued":
+        try:
+            job = client.job(job["id"])
+        except Unreachable:
+            break  # the event stream, then polling, deal with an API away
+        display.status(job)
+        queue = job.get("queue")
+        if job["status"] != "queued" or not queue or queue["ahead"] == 0:
+            break
+        time.sleep(QUEUE_POLL_SECONDS)
     return job

@@ -1,5 +1,7 @@
 """Human-readable output: jobs, models, results. Scripts use --json instead."""
 
+from datetime import UTC, datetime
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -26,6 +28,33 @@ def prompt_of(job: dict, index: int) -> str:
     return prompts[index // per] if index // per < len(prompts) else ""
 
 
+def queue_line(queue: dict | None, now: datetime | None = None) -> str | None:
+    """A queued job's place in line and estimated start, in words: "3rd in line (2 outputs
+    ahead), starts in about 40s (at 12:03:10 UTC)"; None when the job says nothing of it."""
+    if not queue:
+        return None
+    ahead = plural(queue["ahead"], "output")
+    line = f"{_ordinal(queue['position'])} in line ({ahead} ahead)"
+    if not queue.get("estimated_start"):
+        return f"{line}, no estimate yet (nothing of its model finished lately)"
+    at = datetime.fromisoformat(queue["estimated_start"].replace("Z", "+00:00"))
+    wait = max(0.0, (at - (now or datetime.now(UTC))).total_seconds())
+    return f"{line}, starts in about {_duration(wait)} (at {at:%H:%M:%S} UTC)"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def job_summary(console: Console, job: dict) -> None:
     p, m = job["progress"], job.get("metrics") or {}
     head = Text.assemble(("job ", "bold"), (job["id"], "bold"), " ", status_text(job["status"]))
@@ -33,6 +62,8 @@ def job_summary(console: Console, job: dict) -> None:
     console.print(f"  {job['model']} · {job['task']} · {p['done']}/{p['total']} outputs · "
                   f"queued {_seconds(m.get('queue_seconds'))} · "
                   f"ran {_seconds(m.get('run_seconds'))}", highlight=False)
+    if (queue := queue_line(job.get("queue"))) is not None:
+        console.print(f"  {queue}", highlight=False)
     if job.get("error"):
         console.print(f"  error {job['error']['code']}: {job['error']['message']}",
                       style="red", highlight=False)

@@ -12,7 +12,9 @@ from shared import redis_replies as replies
 from shared.errors import JobNotFound
 from shared.messages import CancelNotice, SubResult
 from shared.redis_scripts.loader import Script
+from shared.throughput import BUCKET_SECONDS
 from shared.token_bucket import TokenBucket
+from shared.usage import DAY_SECONDS, subresult_usage
 
 CREATE_JOB = Script("create_job")
 FINALIZE = Script("finalize")
@@ -29,6 +31,8 @@ def _opt(value: float | None) -> str:
 class Ttls:
     finished: int  # a final job's record and webhook deliveries
     ran: int  # what ran it: its sub-results, an older API's attempts hash
+    usage: int = 400 * DAY_SECONDS  # a day's usage counters, after their last change
+    throughput: int = 125  # a model's count of sub-requests finished in a bucket
 
 
 # create_job.lua -----------------------------------------------------------------------------
@@ -95,7 +99,7 @@ async def finalize(redis: aioredis.Redis, *, job_id: str, model: str, final: Fin
          names.DEADLINES],
         [final.status, final.output_json, final.error_json or "", ttls.finished, job_id, flags,
          names.FINAL_CHANNEL, names.CANCEL_CHANNEL, CancelNotice(job_id=job_id).encode(),
-         ttls.ran],
+         ttls.ran, ttls.usage],
     )
     if reply == -1:
         raise JobNotFound(job_id)
@@ -131,7 +135,8 @@ async def store_result(redis: aioredis.Redis, *, job_id: str, model: str, result
         [result.index, result.model_dump_json(exclude_none=True), job_id, int(result.ok),
          f"{job_id}:{result.index}", result.worker,
          names.events_channel(job_id) if event else "", event or "", output_json or "",
-         ttls.finished, ttls.ran, names.FINAL_CHANNEL, names.owner_field(result.index)],
+         ttls.finished, ttls.ran, names.FINAL_CHANNEL, names.owner_field(result.index),
+         ttls.usage, subresult_usage(result), f"{BUCKET_SECONDS} {ttls.throughput}"],
     )
     if not isinstance(reply, list):
         return replies.integer(reply)

@@ -9,7 +9,7 @@ import zipfile
 from importlib import resources
 from pathlib import Path
 
-from shared.redis_scripts import backlog, batches, claims, jobs, leases, quotas, webhooks  # noqa: F401
+from shared.redis_scripts import backlog, batches, claims, jobs, leases, queue, quotas, webhooks  # noqa: F401
 from shared.redis_scripts.loader import ALL, FRAGMENTS_DIR, SCRIPTS_DIR, includes, source
 from shared.settings import REPO_ROOT
 

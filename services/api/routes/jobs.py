@@ -15,6 +15,7 @@ from services.api.deps import (
     JobStoreDep,
     LifecycleDep,
     PreferWaitDep,
+    RedisDep,
     SettingsDep,
     SubmitterDep,
     WatchersDep,
@@ -23,6 +24,7 @@ from services.api.envelope import envelope
 from services.api.events import job_events
 from services.api.openapi import JOB_EXAMPLES, errors
 from services.api.outputs import output_response
+from services.api.queue_position import queue_position
 from services.api.ratelimit import bucket_key
 from services.api.watchers import TooManyWatches
 from shared.job import Job, JobList, JobRequest
@@ -71,9 +73,12 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=Job, responses=errors(401, 404, 410))
-async def get_job(job: JobDep, settings: SettingsDep) -> Job:
-    """The job, with its outputs so far."""
-    return envelope(job, settings.public_url)
+async def get_job(job: JobDep, settings: SettingsDep, redis: RedisDep) -> Job:
+    """The job, with its outputs so far; while it is queued, its place in its model's line
+    and an estimate of when it starts (`queue`)."""
+    out = envelope(job, settings.public_url)
+    out.queue = await queue_position(redis, job, settings.throughput_window_seconds)
+    return out
 
 
 @router.post("/{job_id}/cancel", response_model=Job, responses=errors(401, 404, 410))

@@ -8,11 +8,13 @@
 --   of a job stored by an older API) the short one;
 -- - a `final` stream entry when it wants a `completed` webhook (so that some API replica sends
 --   it even if the one that finalized dies), and its deadline dropped;
--- - its id on the final channel (waiters, live event streams).
+-- - its id on the final channel (waiters, live event streams);
+-- - its owner's usage counts it under its final status, when the caller passes `job.usage`.
 -- `job.has(c)` says what the job has: w webhook deliveries, f a `completed` webhook, d a
 -- deadline, r its sub-requests' attempts in its record (else, for a job stored by an older API,
 -- in a hash of their own). Returns completed_at.
 --@include now
+--@include usage
 local function finish_job(job)
   local completed = tostring(now_seconds())
   local fields = {'status', job.status, 'output', job.output, 'completed_at', completed}
@@ -25,5 +27,6 @@ local function finish_job(job)
   if job.has('f') then redis.call('XADD', job.stream, '*', 'job', job.id, 'kind', 'final') end
   if job.has('d') then redis.call('ZREM', job.deadlines, job.id) end
   redis.call('PUBLISH', job.final_channel, job.id)
+  usage_add(job.usage, {'jobs_' .. job.status, 1})
   return completed
 end

@@ -9,18 +9,19 @@
 -- - every outstanding sub-request of the job leaves the backlog (a final job has none
 --   outstanding, whatever its workers still do; a caller that knows every result is stored
 --   leaves out `k`: each store_result.lua took its own out);
--- - unless it succeeded, the cancel notice that makes workers drop what they still run of it.
+-- - unless it succeeded, the cancel notice that makes workers drop what they still run of it;
+-- - its owner's usage counts the job under its final status (usage.lua).
 --
 -- KEYS: 1 job, 2 results, 3 attempts, 4 webhooks, 5 completion stream, 6 the model's backlog,
 -- 7 deadlines.
 -- ARGV: 1 status, 2 output json, 3 error json ('' for none), 4 ttl seconds, 5 job id, 6 what
 -- else the job has ('*': anything; else letters: w webhook deliveries, d a deadline, f a
 -- `completed` webhook, k outstanding sub-requests), 7 the final channel, 8 the cancel channel,
--- 9 the cancel notice, 10 the TTL of what ran it.
+-- 9 the cancel notice, 10 the TTL of what ran it, 11 the usage counters' TTL.
 -- Returns the time it became final (completed_at), 0 if it already was, -1 if gone.
 --@include is_final
 --@include finish_job
-local h = redis.call('HMGET', KEYS[1], 'status', 'total', 'fin')
+local h = redis.call('HMGET', KEYS[1], 'status', 'total', 'fin', 'model', 'meta')
 local cur = h[1]
 if not cur then return -1 end
 if is_final(cur) then return 0 end
@@ -33,6 +34,7 @@ local completed = finish_job({
   key = KEYS[1], id = ARGV[5], status = ARGV[1], output = ARGV[2], error = ARGV[3], more = {},
   attempts_key = KEYS[3], webhooks_key = KEYS[4], stream = KEYS[5], deadlines = KEYS[7],
   ttl = ARGV[4], ran_ttl = ARGV[10], has = has, final_channel = ARGV[7],
+  usage = usage_of(h[5], h[4], ARGV[11]),
 })
 redis.call('EXPIRE', KEYS[2], ARGV[10])
 if has('k') then

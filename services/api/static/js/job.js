@@ -6,6 +6,8 @@ import { jobHref } from "./route.js";
 import { streamEvents } from "./sse.js";
 
 export const FINAL = new Set(["succeeded", "failed", "canceled"]);
+// A queued job's place in line is read this often: its event stream says nothing of it.
+const QUEUE_POLL_MS = 2000;
 const $ = (sel) => document.querySelector(sel);
 
 const sleep = (ms, signal) => new Promise((resolve) => {
@@ -40,9 +42,12 @@ export class JobView {
     $("#job-error").textContent = "";
     $("#results").replaceChildren();
     $("#step-meter").hidden = true;
+    $("#job-queue").hidden = true;
+    $("#job-queue").textContent = "";
     for (const m of document.querySelectorAll("#job-card .meter")) delete m.dataset.state;
     if (typeof idOrJob !== "string") this.render(idOrJob);
     reveal($("#job-card"));
+    this.watchQueue(id, controller.signal);
     try {
       await this.follow(id, controller.signal);
     } catch (err) {
@@ -87,6 +92,22 @@ export class JobView {
     }
   }
 
+  // While the job is queued, its place in line and estimated start, read from the job.
+  async watchQueue(id, signal) {
+    while (!signal.aborted && this.id === id && !FINAL.has(this.job.status)) {
+      try {
+        const job = await getJSON(`/v1/jobs/${id}`, { signal });
+        // The event stream may have moved it on while this read was under way.
+        if (signal.aborted || (this.job.status && this.job.status !== "queued")) return;
+        this.render(job);
+      } catch (err) {
+        if (err.name === "AbortError") return;
+      }
+      if (this.job.status !== "queued") return;
+      await sleep(QUEUE_POLL_MS, signal);
+    }
+  }
+
   close() {
     if (this.controller) this.controller.abort();
     this.job = null;
@@ -102,6 +123,7 @@ export class JobView {
     const final = FINAL.has(job.status);
     $("#job-cancel").hidden = final;
     $("#job-meta").textContent = meta(job);
+    this.queue(job);
     this.progress(job.progress);
     if (final) {
       this.finishSteps(job.status === "succeeded");
@@ -112,6 +134,17 @@ export class JobView {
       }
     }
     this.onUpdate(job);
+  }
+
+  queue(job) {
+    const line = $("#job-queue");
+    if (job.status !== "queued") {
+      line.hidden = true;
+      return;
+    }
+    if (!job.queue) return; // a status event carries no place in line: the last one stays
+    line.textContent = queueText(job.queue);
+    line.hidden = false;
   }
 
   progress({ done, total }) {
@@ -183,6 +216,21 @@ function meta(job) {
   if (m.queue_seconds != null) parts.push(`queued ${seconds(m.queue_seconds)}`);
   if (m.run_seconds != null) parts.push(`ran ${seconds(m.run_seconds)}`);
   return parts.join(" · ");
+}
+
+export function queueText(q, now = Date.now()) {
+  const ahead = `${q.ahead} output${q.ahead === 1 ? "" : "s"} ahead`;
+  const line = `Place in line: ${q.position} (${ahead})`;
+  if (!q.estimated_start) return `${line} · no estimate yet`;
+  const at = new Date(q.estimated_start);
+  const wait = Math.max(0, (at.getTime() - now) / 1000);
+  return `${line} · starts in about ${duration(wait)} (${at.toLocaleTimeString()})`;
+}
+
+function duration(s) {
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
 }
 
 function seconds(s) {
