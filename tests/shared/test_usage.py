@@ -105,8 +105,7 @@ async def test_jobs_are_counted_by_their_final_status(store, aredis):
                                              "tiny-gpt2|jobs_failed": 1}
 
 
-async def test_a_days_counters_live_for_the_retention_under_the_servers_day(
-        store, aredis, monkeypatch):
+async def test_a_days_counters_live_for_the_retention_under_the_servers_day(store, aredis):
     await _create(store, "j1", 1, "key-a")
     assert await store.finalize("j1", JobStatus.CANCELED, [None])
     key = usage_key("key-a", await _today(aredis))
@@ -137,3 +136,15 @@ async def test_each_written_result_counts_as_finished_for_its_model(store, aredi
     counted = [await aredis.get(finished_key("tiny-gpt2", b)) for b in (bucket - 1, bucket)]
     assert sum(int(n or 0) for n in counted) == 3
     assert 0 < await aredis.ttl(finished_key("tiny-gpt2", bucket)) <= 125
+
+
+async def test_the_owner_is_the_jobs_own_field_and_no_text_can_pass_for_it(store, aredis):
+    meta = JobMeta(owner=None, base_url='http://h/"owner":"key-b"',
+                   webhook="https://example.com/?owner=key-b")
+    await store.create(NewJob("j1", "text-generation", "tiny-gpt2", {"prompts": ["a"]}, 1, meta))
+    assert await store.finalize("j1", JobStatus.CANCELED, [None])
+    await _create(store, "j2", 1, "key-a")
+    assert await store.finalize("j2", JobStatus.CANCELED, [None])
+    assert await _usage(aredis, None) == {"tiny-gpt2|jobs_canceled": 1}
+    assert await _usage(aredis, "key-a") == {"tiny-gpt2|jobs_canceled": 1}
+    assert await _usage(aredis, "key-b") == {}
