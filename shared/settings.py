@@ -163,9 +163,6 @@ class Settings(BaseSettings):
     # counted from their upload or making, swept by the hour like outputs.
     max_file_bytes: int = Field(100_000_000, ge=1024)
     file_ttl_seconds: int = Field(30 * 24 * 3600, ge=3600)
-    # A batch's lines queue in their own step below every interactive priority (BATCH_PRIORITY
-    # in shared/job.py), whatever this says; the driver still passes it to each line's request.
-    batch_priority: int = Field(9, ge=0, le=9)
     # A batch keeps at most this many of its lines queued or running at once.
     batch_max_in_flight: int = Field(256, ge=1)
     # Per-key quotas (services/api/quotas.py): batches open at once (validating to finalizing),
