@@ -1,14 +1,17 @@
 """Live streams and `Prefer: wait` are bounded per replica and per API key: one key's many
 streams get 429 past its bound and cannot starve another key, submissions, or the joiner."""
 
+import asyncio
 import contextlib
 import time
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from shared.settings import get_settings
+from tests.api.live_api import live_api
 
 KEY_A, KEY_B = "fm-watch-key-alpha", "fm-watch-key-bravo"
 TEXT = {"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": ["hi"]}}
@@ -76,3 +79,27 @@ def test_the_replicas_bound_holds_across_keys(client):
         refused = client.get(f"/v1/jobs/{b[2]}/events", headers=_bearer(KEY_B))
         assert refused.status_code == 429
         assert "FIBERMILL_MAX_WATCHES)" in refused.json()["detail"]
+
+
+def test_streams_opened_at_once_take_exactly_the_keys_bound(redis_url, model_dir, tmp_path):
+    # Checked when the request came and taken when the stream started, 30 streams opened at
+    # once all passed the check; the place is now taken before the route awaits anything.
+    limit = 5
+    with live_api(redis_url, model_dir, tmp_path, {
+            "FIBERMILL_API_KEYS": KEY_A, "FIBERMILL_MAX_WATCHES_PER_CALLER": str(limit),
+            "FIBERMILL_RATE_LIMIT_BURST": "1000"}) as base:
+        with httpx.Client(base_url=base, headers=_bearer(KEY_A)) as http:
+            jobs = [http.post("/v1/jobs", json=TEXT).json()["id"] for _ in range(30)]
+
+        async def open_all():
+            async with httpx.AsyncClient(base_url=base, headers=_bearer(KEY_A), timeout=30,
+                                         limits=httpx.Limits(max_connections=64)) as client:
+                responses = await asyncio.gather(*(
+                    client.send(client.build_request("GET", f"/v1/jobs/{job}/events"),
+                                stream=True) for job in jobs))
+                codes = sorted(r.status_code for r in responses)
+                for r in responses:
+                    await r.aclose()
+                return codes
+
+        assert asyncio.run(open_all()) == [200] * limit + [429] * (30 - limit)

@@ -1,10 +1,12 @@
 """/v1/jobs: create, read, cancel, stream events, fetch outputs."""
 
+import contextlib
 import json
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from services.api.auth import PrincipalDep, authenticate
 from services.api.deps import (
@@ -26,7 +28,6 @@ from services.api.openapi import JOB_EXAMPLES, errors
 from services.api.outputs import output_response
 from services.api.queue_position import queue_position
 from services.api.ratelimit import bucket_key
-from services.api.watchers import TooManyWatches
 from shared.job import Job, JobList, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authenticate)])
@@ -101,22 +102,27 @@ async def stream_events(
     watchers: WatchersDep, principal: PrincipalDep,
 ) -> EventSourceResponse:
     state = request.app.state
-    caller = bucket_key(principal)
-    if (why := watchers.refusal(caller)) is not None:
-        raise TooManyWatches(why)
+    # The stream's place is taken now, before anything awaits: checked here and taken when the
+    # stream started, streams opened at once all passed the check. It is given back when the
+    # stream ends, or when the response ends without the stream having run.
+    slot = contextlib.ExitStack()
+    slot.enter_context(watchers.hold(bucket_key(principal)))
 
     def draining() -> bool:
         # End the stream cleanly at SIGTERM; the client's EventSource reconnects elsewhere.
         return getattr(state, "draining", False)
 
     async def events():
-        with watchers.hold(caller, checked=True):
+        try:
             async for event, data in job_events(
                 hub, store, job.id, settings.public_url, stop=draining
             ):
                 yield {"event": event, "data": _json(data)}
+        finally:
+            slot.close()
 
-    return EventSourceResponse(events(), ping=15)
+    # Closing a slot twice is harmless: the stream's end and the response's both do.
+    return EventSourceResponse(events(), ping=15, background=BackgroundTask(slot.close))
 
 
 def _json(data: dict) -> str:

@@ -10,8 +10,7 @@ import time
 import httpx
 import pytest
 
-from services.devstack.processes import start_api, stop
-from services.devstack.redis_server import free_port
+from tests.api.live_api import live_api
 
 KEY = "fm-test-key-streams"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -20,33 +19,10 @@ LIMIT = 5
 
 @pytest.fixture
 def api(redis_url, model_dir, tmp_path):
-    port = free_port()
-    env = {
-        "FIBERMILL_REDIS_URL": redis_url,
-        "FIBERMILL_MODEL_REGISTRY": str(model_dir / "registry.yaml"),
-        "FIBERMILL_BLOB_DIR": str(tmp_path / "blobs"),
-        "FIBERMILL_API_KEYS": KEY,
-        "FIBERMILL_MAX_WATCHES_PER_CALLER": str(LIMIT),
-        "FIBERMILL_RATE_LIMIT_BURST": "1000",
-        "FIBERMILL_LOG_LEVEL": "WARNING",
-    }
-    base = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "api.log", "w") as log:
-        proc = start_api(port, env, stdout=log, stderr=log)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, (
-                    (tmp_path / "api.log").read_text()[-4000:])
-                time.sleep(0.1)
-            yield base
-        finally:
-            stop([proc])
+    with live_api(redis_url, model_dir, tmp_path, {
+            "FIBERMILL_API_KEYS": KEY, "FIBERMILL_MAX_WATCHES_PER_CALLER": str(LIMIT),
+            "FIBERMILL_RATE_LIMIT_BURST": "1000"}) as base:
+        yield base
 
 
 async def _open(client: httpx.AsyncClient, i: int) -> httpx.Response:
