@@ -76,20 +76,13 @@ class Decoder:
         self.p = model
         self.slots = slots
         self.max_wait_s = max_wait_s
-        self.cache = model.kv_cache(slots)
         self._pages_gauge = metrics.KV_PAGES_USED.labels(model.spec.name)
         self._tokens_gauge = metrics.KV_TOKENS.labels(model.spec.name)
-        device = model.device
-        self.next_ids = torch.zeros(slots, dtype=torch.long, device=device)
-        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
-        self.made = torch.zeros(slots, dtype=torch.long, device=device)  # tokens per row
-        self.params = torch.zeros((N_PARAMS, slots), dtype=torch.float32, device=device)
-        self.uniforms = torch.zeros((slots, self.cache.length), dtype=torch.float32,
-                                    device=device)
-        self.tokens = torch.zeros((STEPS_PER_READ + 1, slots), dtype=torch.long, device=device)
-        self.tokens_host = sync.pinned((STEPS_PER_READ + 1, slots), torch.long, device)
-        # Key positions of a decode step's window: a row attends to those up to its own.
-        self.window = torch.arange(self.cache.row_pages * PAGE_TOKENS, device=device)
+        # Made on the device thread, the only one that runs the model's torch work: on the
+        # CPU each thread that runs torch ops gets an OpenMP team of its own, and with these
+        # made on the event loop's thread a burst of 32 tiny-gpt2 rows took 2.6x as long
+        # (pipelines/base.py `setup` says the same of loading).
+        model.device_executor.submit(self._allocate).result()
         self.admitted = 0  # rows admitted so far: a row's `order`
         # Rows a free row slot was there for that wait for pages (the last admission's count),
         # and rows to go back to the front of the queue after the iteration (held back or
@@ -109,6 +102,20 @@ class Decoder:
         # Set by every pump (an arrival, a withdrawal, an announced arrival that will not
         # come): ends a burst wait at once instead of polling for it.
         self._woken = asyncio.Event()
+
+    def _allocate(self) -> None:
+        slots, device = self.slots, self.p.device
+        self.cache = self.p.kv_cache(slots)
+        self.next_ids = torch.zeros(slots, dtype=torch.long, device=device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.made = torch.zeros(slots, dtype=torch.long, device=device)  # tokens per row
+        self.params = torch.zeros((N_PARAMS, slots), dtype=torch.float32, device=device)
+        self.uniforms = torch.zeros((slots, self.cache.length), dtype=torch.float32,
+                                    device=device)
+        self.tokens = torch.zeros((STEPS_PER_READ + 1, slots), dtype=torch.long, device=device)
+        self.tokens_host = sync.pinned((STEPS_PER_READ + 1, slots), torch.long, device)
+        # Key positions of a decode step's window: a row attends to those up to its own.
+        self.window = torch.arange(self.cache.row_pages * PAGE_TOKENS, device=device)
 
     # Event loop side -----------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ rows wait for pages, running rows preempt the youngest when they need one, and e
 back to the pool whatever ends a row."""
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from services.worker import metrics
 from services.worker.engine.batch import Batch
+from services.worker.engine.engine import Engine
 from services.worker.engine.growth import GrowthEstimate
 from services.worker.engine.kv_budget import CPU_DEFAULT_BYTES, Budget, budget_bytes
 from services.worker.engine.scheduling import PLAIN, Ticket
@@ -272,3 +274,21 @@ def test_the_tokens_gauge_reads_against_the_pages_used(model_dir: Path, loop: Lo
     for held, used, rows in running:
         assert PAGE_TOKENS * (used - rows) < held <= PAGE_TOKENS * used
     assert tokens._value.get() == 0 and _used(pipe) == 0
+
+
+def test_the_decoders_cache_is_made_on_the_device_thread(model_dir: Path):
+    # The thread that runs the model is the only one that runs torch work for it: on the CPU
+    # each thread running torch ops gets an OpenMP team of its own, which cost the small models
+    # 2.6x a burst when the pool was made on the thread that built the engine.
+    pipe = _pipeline(model_dir, "tiny-gpt2-kv-thread", max_batch=4)
+    made_on: list[int] = []
+    kv_cache = pipe.kv_cache
+
+    def watched(rows: int):
+        made_on.append(threading.get_ident())
+        return kv_cache(rows)
+
+    pipe.kv_cache = watched  # type: ignore[method-assign]
+    Engine(pipe)
+    assert made_on == [pipe.device_executor.submit(threading.get_ident).result()]
+    assert made_on[0] != threading.get_ident()
