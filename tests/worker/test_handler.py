@@ -129,22 +129,30 @@ def test_a_job_nobody_watches_has_no_events_made(runtime, job, redis_url):
     assert _record(runtime).output[0]["tokens"] == 30
 
 
-def _calls(rt: WorkerRuntime, command: str) -> int:
-    stats = rt.call(rt.store.redis.info("commandstats"))
-    return stats.get(f"cmdstat_{command}", {}).get("calls", 0)
+def _charges(runtime, monkeypatch) -> list[list[str]]:
+    """The members of each charge script the worker runs from now on."""
+    charged: list[list[str]] = []
+    real = runtime.store.charge_attempts
+
+    async def charge_attempts(members: list[str], worker: str) -> int:
+        charged.append(list(members))
+        return await real(members, worker)
+
+    monkeypatch.setattr(runtime.store, "charge_attempts", charge_attempts)
+    return charged
 
 
-def test_an_engine_with_room_charges_the_attempt_with_the_lease(runtime, job):
+def test_an_engine_with_room_charges_the_attempt_with_the_lease(runtime, job, monkeypatch):
     """Nothing between the lease and the device: the lease's own write charges the attempt,
-    and no charge script runs (its HINCRBY)."""
+    and no charge script runs."""
     job()
-    before = _calls(runtime, "hincrby")
+    charged = _charges(runtime, monkeypatch)
     assert runtime.handle(_sub()) == "succeeded"
     assert runtime.call(runtime.store.attempts("j1", 0)) == 1
-    assert _calls(runtime, "hincrby") == before
+    assert charged == []
 
 
-def test_a_full_engine_charges_the_attempt_when_it_starts(runtime, job):
+def test_a_full_engine_charges_the_attempt_when_it_starts(runtime, job, monkeypatch):
     job()
     decoder = runtime.engines["tiny-gpt2"].scheduling
 
@@ -153,12 +161,12 @@ def test_a_full_engine_charges_the_attempt_when_it_starts(runtime, job):
 
     runtime.call(announce(decoder.slots))
     try:
-        before = _calls(runtime, "hincrby")
+        charged = _charges(runtime, monkeypatch)
         assert runtime.handle(_sub()) == "succeeded"
     finally:
         runtime.call(announce(-decoder.slots))
     assert runtime.call(runtime.store.attempts("j1", 0)) == 1
-    assert _calls(runtime, "hincrby") == before + 1
+    assert len(charged) == 1 and len(charged[0]) == 1
 
 
 def test_concurrent_deliveries_run_the_model_once(runtime, job):
