@@ -402,12 +402,9 @@ class BatchDriver:
         self._advance(d)
         return True
 
-    async def _read_window(self, d: Driven) -> None:
-        """Read the lines `_submit` takes next (the first lines from `d.next` neither pending
-        nor done, as many as there is room in flight for) into the window."""
-        assert d.input is not None
-        if time.time() < d.backoff_until:
-            return
+    def _next_lines(self, d: Driven) -> list[int]:
+        """The lines `_submit` takes next: the first from `d.next` neither pending nor done, as
+        many as there is room in flight for. `_read_window` reads the same ones."""
         room = self.settings.batch_max_in_flight - len(d.pending)
         todo: list[int] = []
         i = d.next
@@ -415,6 +412,15 @@ class BatchDriver:
             if i not in d.pending and i not in d.done:
                 todo.append(i)
             i += 1
+        return todo
+
+    async def _read_window(self, d: Driven) -> None:
+        """Read the lines `_submit` takes next (the first lines from `d.next` neither pending
+        nor done, as many as there is room in flight for) into the window."""
+        assert d.input is not None
+        if time.time() < d.backoff_until:
+            return
+        todo = self._next_lines(d)
         if any(i not in d.spans for i in todo):
             d.content, d.spans = window(len(d.spans), await d.input.read(todo))
 
@@ -474,13 +480,7 @@ class BatchDriver:
         """Submit lines until `batch_max_in_flight` of them are unfinished."""
         if time.time() < d.backoff_until:
             return
-        room = self.settings.batch_max_in_flight - len(d.pending)
-        todo: list[int] = []
-        i = d.next
-        while len(todo) < room and i < len(d.spans):
-            if i not in d.pending and i not in d.done:
-                todo.append(i)
-            i += 1
+        todo = self._next_lines(d)
         principal = Principal(key_id=_owner(h))
         for start in range(0, len(todo), SUBMIT_CONCURRENCY):
             chunk = todo[start:start + SUBMIT_CONCURRENCY]
