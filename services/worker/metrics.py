@@ -54,6 +54,12 @@ BATCHES_ISOLATED = Counter(
     "the items that fail alone fail",
     ["model"],
 )
+BATCHES_STOPPED = Counter(
+    "fibermill_batches_stopped",
+    "Batches that ended early because every item in them was asked to stop (canceled, past "
+    "its time limit, a drain): not failures, and not run again",
+    ["model"],
+)
 KV_PAGES_TOTAL = Gauge(
     "fibermill_kv_cache_pages", "KV-cache pages in a text model's pool (engine/text_cache.py)",
     ["model"],
@@ -70,6 +76,28 @@ KV_TOKENS = Gauge(
 KV_ROWS_WAITING = Gauge(
     "fibermill_kv_cache_rows_waiting",
     "Text rows a free row slot was there for that wait for KV-cache pages",
+    ["model"],
+)
+KV_PREFIX_LOOKUP_TOKENS = Counter(
+    "fibermill_kv_prefix_lookup_tokens",
+    "Prompt tokens in full KV-cache pages looked up in the prefix cache at admission",
+    ["model"],
+)
+KV_PREFIX_HIT_TOKENS = Counter(
+    "fibermill_kv_prefix_hit_tokens",
+    "Prompt tokens whose keys and values came from cached pages, not recomputed: over the "
+    "lookups, the prefix cache's hit rate",
+    ["model"],
+)
+KV_PREFIX_CACHED = Gauge(
+    "fibermill_kv_prefix_cached_pages",
+    "KV-cache pages known by their content (held by rows or kept for reuse)",
+    ["model"],
+)
+KV_PREFIX_EVICTIONS = Counter(
+    "fibermill_kv_prefix_evictions",
+    "Cached KV-cache pages no row held that were taken for other contents, least recently used "
+    "first",
     ["model"],
 )
 KV_PREEMPTIONS = Counter(

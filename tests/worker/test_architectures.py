@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.worker import metrics
 from services.worker.engine.engine import Engine
+from services.worker.engine.text_cache import PAGE_TOKENS
 from services.worker.pipelines.factory import build_pipeline
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
@@ -45,8 +47,8 @@ def _generate(pipe: CausalLMTextPipeline, prompt: str) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def _loaded(architecture: str, dirs: dict[str, Path]) -> tuple[CausalLMTextPipeline,
-                                                                list[str]]:
+def _loaded(architecture: str, dirs: dict[str, Path], prompts: list[str] = PROMPTS
+            ) -> tuple[CausalLMTextPipeline, list[str]]:
     """The architecture's pipeline, and `generate`'s text for each prompt alone."""
     spec = ModelSpec(name=f"tiny-{architecture}", kind=ModelKind.CAUSAL_LM,
                      path=dirs[architecture], max_batch=len(PROMPTS))
@@ -54,7 +56,7 @@ def _loaded(architecture: str, dirs: dict[str, Path]) -> tuple[CausalLMTextPipel
     assert isinstance(pipe, CausalLMTextPipeline)
     pipe.setup()
     assert pipe.model.config.model_type == architecture.replace("-", "_")
-    expected = [pipe.decode(_generate(pipe, p)) for p in PROMPTS]
+    expected = [pipe.decode(_generate(pipe, p)) for p in prompts]
     # min_new_tokens kept EOS out of `generate`'s tokens; the decoder must run as long.
     pipe.eos_ids = frozenset()
     return pipe, expected
@@ -93,3 +95,22 @@ def test_rows_joining_while_others_decode_equal_generate_alone(
 
     results = asyncio.run(staggered())
     assert [r.text for r in results] == expected
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_rows_sharing_cached_prompt_pages_equal_generate_alone(
+        architecture: str, architecture_dirs: dict[str, Path]) -> None:
+    """Prompts with one long beginning: the first run caches its pages, and the rows after it
+    compute only their own rest over those pages (rotary positions, grouped key heads and
+    sliding windows included)."""
+    system = "Answer as briefly as you can, in plain words, and never more than asked. " * 2
+    prompts = [system + p for p in PROMPTS]
+    pipe, expected = _loaded(architecture, architecture_dirs, prompts)
+    engine = Engine(pipe)
+    hits = metrics.KV_PREFIX_HIT_TOKENS.labels(pipe.spec.name)._value.get()
+    items = [TextItem(prompt=p, max_new_tokens=NEW_TOKENS) for p in prompts]
+    first = engine.run(items[:1])
+    rest = engine.run(items[1:])
+    assert [r.text for r in first + rest] == expected
+    assert metrics.KV_PREFIX_HIT_TOKENS.labels(pipe.spec.name)._value.get() - hits >= \
+        2 * PAGE_TOKENS * (len(prompts) - 1)

@@ -45,6 +45,7 @@ from services.worker.engine.batch import Batch
 from services.worker.engine.decoder_rows import Running, Settle, Waiting
 from services.worker.engine.growth import GrowthEstimate
 from services.worker.engine.model_code import StepModel
+from services.worker.engine.prefix_pages import page_digests
 from services.worker.engine.results import Result, TextResult
 from services.worker.engine.run_stops import RunStops
 from services.worker.engine.scheduling import PLAIN, Ticket
@@ -351,6 +352,10 @@ class Decoder:
             self.growth.calm()
         # What the running rows are expected to grow into stays free for them.
         free = self.cache.pool.free - lacking - self._growth_reserve()
+        # Rows prefilled after the others, because an earlier one computes the pages their
+        # prompts begin with (a request's `n` choices, a batch's lines with one system prompt).
+        second: list[Running] = []
+        coming: set[bytes] = set()
         for w in list(admit):
             if self.returned:  # in order: nothing passes a row that waits
                 self.returned.append(w)
@@ -360,30 +365,43 @@ class Decoder:
                 settles.append((w, None, self._canceled(w.held)))
                 continue
             r, w.held = w.held or self._started(w), None
-            # Its prompt (and what it made before), and the tokens its next steps write.
+            r.shared, unheld = self.cache.share_prefix(r.shareable)
+            after = r.shareable[len(r.shared):]
+            waits = bool(after) and after[0] in coming
+            # Its prompt (and what it made before) past the pages it shares, and the tokens
+            # its next steps write.
+            shares = len(r.shared) + (_leading(after, coming) if waits else 0)
             need = pages_for(len(r.ids) + max(min(STEPS_PER_READ, r.left - 1),
-                                              self.growth.tokens(r.left)))
-            if need > free and (rows or self.running):
+                                              self.growth.tokens(r.left))) - shares
+            if need + unheld > free and (rows or second or self.running):
+                self.cache.pool.give(r.shared)
+                r.shared = []
                 w.held = r
                 self.returned.append(w)
                 admit.remove(w)
                 continue
-            free -= need
-            rows.append(r)
+            free -= need + unheld
+            if waits:
+                second.append(r)
+            else:
+                coming.update(r.digests[len(r.shared):])
+                rows.append(r)
         held_back = len(self.returned) - preempted
-        admit[:] = [r.waiting for r in rows]
+        admit[:] = [r.waiting for r in rows + second]
         self.short_of_pages = held_back + preempted
         metrics.KV_ROWS_WAITING.labels(self.p.spec.name).set(self.short_of_pages)
-        if rows:
-            t0 = time.perf_counter()
-            self._prefill(rows)
-            self.p.observe("prefill", time.perf_counter() - t0)
+        for wave in (rows, second):
+            if wave:
+                t0 = time.perf_counter()
+                self._prefill(wave)
+                self.p.observe("prefill", time.perf_counter() - t0)
         return settles
 
     def _started(self, w: Waiting) -> Running:
         row = self.p.start(w.item)
         return Running(w, row, Sequence(item=w.item, budget=row.budget,
-                                        prompt_tokens=len(row.prompt)))
+                                        prompt_tokens=len(row.prompt)),
+                       digests=page_digests(row.prompt))
 
     def _lacking(self) -> int:
         """The pages the running rows lack for their next steps."""
@@ -429,26 +447,44 @@ class Decoder:
     def _prefill(self, rows: list[Running]) -> None:
         p, cache, device = self.p, self.cache, self.p.device
         n, k = len(self.running), len(rows)
-        prompts = [r.ids for r in rows]
+        for r in rows:  # the second wave's next pages, computed by the first one
+            more, _ = cache.share_prefix(r.shareable[len(r.shared):])
+            r.shared += more
+        # What each row computes: its tokens past the pages it shares.
+        skipped = [len(r.shared) * PAGE_TOKENS for r in rows]
+        prompts = [r.ids[s:] for r, s in zip(rows, skipped, strict=True)]
         width = max(len(ids) for ids in prompts)
         ids = torch.full((k, width), p.pad_id, dtype=torch.long)
         real = torch.zeros((k, width), dtype=torch.bool)
         for i, (r, prompt) in enumerate(zip(rows, prompts, strict=True)):
             ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
             real[i, width - len(prompt):] = True
-            cache.grow(n + i, len(prompt))
-            r.columns = len(prompt)
+            cache.attach(n + i, r.shared)
+            cache.grow(n + i, len(r.ids))
+            r.columns = len(r.ids)
+        self._count_prefix(rows, skipped)
         made = torch.tensor([r.seq.tokens for r in rows], dtype=torch.long)
         ids, real, made = self._upload(ids), self._upload(real), self._upload(made)
-        # Each prompt sees its own earlier tokens; a pad sees itself, so no query row is
-        # empty (an empty row would make NaNs that its zero weight cannot cancel).
-        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
-        mask = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool,
-                                                             device=device)[None]
         positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
         slots = slice(n, n + k)
-        cache.for_prefill(slots, positions, real)
+        if any(skipped):
+            # Queries read their rows' pages, shared ones too, up to their own positions (a
+            # pad's is its row's first, a key it may see).
+            positions += self._upload(torch.tensor(skipped, dtype=torch.long))[:, None]
+            pages = max(pages_for(len(r.ids)) for r in rows)
+            mask = self.window[:pages * PAGE_TOKENS] <= positions[:, :, None]
+            cache.for_prefill(slots, positions, real, pages)
+        else:
+            # Each prompt sees its own earlier tokens; a pad sees itself, so no query row is
+            # empty (an empty row would make NaNs that its zero weight cannot cancel).
+            causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
+            mask = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool,
+                                                                 device=device)[None]
+            cache.for_prefill(slots, positions, real)
         logits = p.forward(ids, mask[:, None], positions, cache)
+        for i, r in enumerate(rows):
+            cache.register(n + i, r.digests)
+            r.shared = []
         params = torch.tensor([params_of(r.row.item.temperature, r.row.item.top_k,
                                          r.row.item.top_p) for r in rows],
                               dtype=torch.float32).T
@@ -472,6 +508,12 @@ class Decoder:
             self.admitted += 1
         self.running.extend(rows)
         metrics.BATCH_SIZE.labels(p.spec.name).observe(k)
+
+    def _count_prefix(self, rows: list[Running], skipped: list[int]) -> None:
+        name = self.p.spec.name
+        metrics.KV_PREFIX_LOOKUP_TOKENS.labels(name).inc(
+            sum(len(r.shareable) for r in rows) * PAGE_TOKENS)
+        metrics.KV_PREFIX_HIT_TOKENS.labels(name).inc(sum(skipped))
 
     def _upload(self, host: torch.Tensor) -> torch.Tensor:
         """A host tensor on the device, copied without making the host wait: from pinned
@@ -559,3 +601,13 @@ class Decoder:
         for t in (self.next_ids, self.positions, self.made, self.uniforms):
             t[dst] = t[src]
         self.params[:, dst] = self.params[:, src]
+
+
+def _leading(digests: list[bytes], known: set[bytes]) -> int:
+    """How many of `digests`, from the first, are in `known`."""
+    count = 0
+    for digest in digests:
+        if digest not in known:
+            break
+        count += 1
+    return count

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from services.worker.engine.batch import ShouldStop
 from services.worker.engine.results import TextResult
+from services.worker.engine.text_cache import PAGE_TOKENS
 from services.worker.engine.text_rows import Row, Sequence
 from services.worker.engine.text_stream import OnText
 from shared.messages import TextItem
@@ -48,6 +49,10 @@ class Running:
     fed: int = 0  # tokens made and not yet read back
     new: bool = True  # admitted this iteration: its first token came from the prefill
     stopped_at: int | None = None  # tokens it had made when asked to stop
+    # Its prompt's full pages by content (prefix_pages.py), and the cached pages it holds
+    # from admission to its prefill, where they become its first pages.
+    digests: list[bytes] = field(default_factory=list)
+    shared: list[int] = field(default_factory=list)
 
     @property
     def stopped(self) -> bool:
@@ -58,6 +63,12 @@ class Running:
         """What its prefill runs: its prompt, and the tokens it made before it was
         preempted."""
         return self.row.prompt + self.seq.generated
+
+    @property
+    def shareable(self) -> list[bytes]:
+        """The digests of the pages it may take from the cache: never its last token's, so
+        that its prefill computes at least the token it predicts from."""
+        return self.digests[:(len(self.ids) - 1) // PAGE_TOKENS]
 
     @property
     def left(self) -> int:

@@ -12,22 +12,25 @@ the input; rotary models rotate keys before caching), so where a token lies neve
 it means: only the mask and the position ids decide attention.
 
 It is handed to the model as its cache: the model calls `update` once per layer. A prefill
-attends to its own keys, which `update` hands back as it got them. A decode step attends to
-each row's pages, and how it reads them is what a CPU step's time depends on. Each batch row
-has a home region, `region` pages in a row, and takes its pages there while they are free (a
-row that moves into another batch row takes its pages' contents along, where that one's home
-pages are free). While every running row holds only its home pages, the rows' keys are one
-strided view of the pool, read in place as the old fixed slots were; otherwise (a budget below
-`rows` full-context rows, and a row grew past its region or took another's pages) the step
-gathers each row's pages into one (rows, heads, pages x PAGE_TOKENS, head_dim) buffer per
-layer. Measured in docs/architecture.md; on a GPU a paged-attention kernel reads the block
-tables directly.
+attends to its own keys, which `update` hands back as it got them, unless a row shares pages of
+its prompt's beginning with other rows (prefix caching: `share_prefix`, page_pool.py): then it
+computes only the rest of its prompt and reads its pages back as a decode step does. A decode
+step attends to each row's pages, and how it reads them is what a CPU step's time depends on.
+Each batch row has a home region, `region` pages in a row, and takes its pages there while they
+are free (a row that moves into another batch row takes its pages' contents along, where that
+one's home pages are free). While every running row holds only its home pages, the rows' keys
+are one strided view of the pool, read in place as the old fixed slots were; otherwise (a
+budget below `rows` full-context rows, a row grew past its region or took another's pages, or a
+row shares pages) the step gathers each row's pages into one (rows, heads, pages x PAGE_TOKENS,
+head_dim) buffer per layer. Measured in docs/architecture.md; on a GPU a paged-attention kernel
+reads the block tables directly.
 """
 
 from dataclasses import dataclass
 
 import torch
 
+from services.worker import metrics
 from services.worker.engine.page_pool import PagePool
 
 # Tokens per page: 16, vLLM's default block. Gathering 32 rows' pages of the 6x256 GPT-2's
@@ -56,6 +59,7 @@ def pages_for(tokens: int) -> int:
 class PagedCache:
     def __init__(self, shape: Shape, sizing: Sizing, dtype: torch.dtype, device: torch.device,
                  model: str) -> None:
+        self.model = model
         self.length = sizing.context
         self.row_pages = pages_for(sizing.context)
         token_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype.itemsize
@@ -88,12 +92,15 @@ class PagedCache:
         self._in_place: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._in_place_reads = (0, 0)
         # What the next forward does: the token slots it writes, and whether it reads back
-        # (rows, pages per row) in place, through a gather, or, for a prefill, not at all.
+        # (rows, pages per row) in place, through a gather, or (a prefill of unshared prompts)
+        # not at all; and its queries per row.
         self._write = torch.zeros(0, dtype=torch.long, device=device)
-        self.decoding = False
+        self.reading = False
+        self.decoding = False  # a decode step: one query a row
         self.in_place = False
         self._read = torch.zeros(0, dtype=torch.long, device=device)
         self._reads = (0, 0)
+        self._queries = 1
         self._changed = True  # a block table changed since the last step's gather
         # Where a gathering step puts each layer's keys and values: reused by every layer,
         # grown when a step needs more; and the views of them the attention reads.
@@ -108,7 +115,7 @@ class PagedCache:
         keys, values = self._tokens[layer_idx]
         keys.index_copy_(0, self._write, _tokens(key_states))
         values.index_copy_(0, self._write, _tokens(value_states))
-        if not self.decoding:
+        if not self.reading:
             return key_states, value_states
         if self.in_place:
             return self._in_place[layer_idx]
@@ -117,8 +124,8 @@ class PagedCache:
         return self._views[0], self._views[1]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Keys before this forward's: none for a prefill (it attends to itself)."""
-        return self._reads[1] * PAGE_TOKENS - 1 if self.decoding else 0
+        """Keys before this forward's: none for a prefill that attends to itself."""
+        return self._reads[1] * PAGE_TOKENS - self._queries if self.reading else 0
 
     # The decoder's side ------------------------------------------------------------------
 
@@ -148,6 +155,34 @@ class PagedCache:
         self.pages[row].extend(pages)
         self._changed = True
 
+    def share_prefix(self, digests: list[bytes]) -> tuple[list[int], int]:
+        """The cached pages of the longest beginning of `digests` (prefix_pages.py), each now
+        held once more; and how many of them no row held (they no longer count as free)."""
+        pages, unheld = [], 0
+        for digest in digests:
+            page = self.pool.lookup(digest)
+            if page is None:
+                break
+            unheld += self.pool.share(page)
+            pages.append(page)
+        return pages, unheld
+
+    def attach(self, row: int, pages: list[int]) -> None:
+        """Batch row `row`, which holds no pages, starts with shared `pages`."""
+        if not pages:
+            return
+        self.table[row, :len(pages)] = torch.tensor(pages, dtype=torch.long)
+        self.pages[row] = list(pages)
+        self.home[row] = all(page == self._home(row, j) for j, page in enumerate(pages))
+        self._changed = True
+
+    def register(self, row: int, digests: list[bytes]) -> None:
+        """Batch row `row`'s first pages hold the full pages `digests` name: other rows may
+        share them from now on."""
+        for page, digest in zip(self.pages[row], digests, strict=False):
+            self.pool.register(page, digest)
+        metrics.KV_PREFIX_CACHED.labels(self.model).set(self.pool.cached)
+
     def release(self, row: int) -> None:
         if self.pages[row]:
             self.pool.give(self.pages[row])
@@ -157,17 +192,22 @@ class PagedCache:
         self.home[row] = True
 
     def reset(self) -> None:
-        """Every row's pages back to the pool."""
+        """Every row's pages back to the pool, which forgets what its pages held: a failed
+        forward may have left any of them half written."""
         for row in range(len(self.pages)):
             self.release(row)
+        self.pool.clear()
+        metrics.KV_PREFIX_CACHED.labels(self.model).set(0)
 
     def move(self, src: int, dst: int) -> None:
         """Batch row `src`'s pages become row `dst`'s (whose own went back first): each one's
-        contents move to `dst`'s home page where that is free, so reads stay in place."""
+        contents move to `dst`'s home page where that is free, so reads stay in place; pages
+        other rows share, or that are known by their content, stay where they are."""
         pages, moved, home = [], [], True
         for j, page in enumerate(self.pages[src]):
             target = self._home(dst, j)
-            if page != target and target is not None and self.pool.take(target):
+            if (page != target and target is not None and self.pool.movable(page)
+                    and self.pool.take(target)):
                 moved.append((page, target))
                 page = target
             home = home and page == target
@@ -186,13 +226,21 @@ class PagedCache:
         self.home[dst], self.home[src] = home, True
         self._changed = True
 
-    def for_prefill(self, rows: slice, positions: torch.Tensor, real: torch.Tensor) -> None:
+    def for_prefill(self, rows: slice, positions: torch.Tensor, real: torch.Tensor,
+                    pages: int = 0) -> None:
         """The next forward writes prompts, (rows, width) left-padded at `real`, whose tokens
-        lie at `positions`; pads write into page 0. They attend to themselves only."""
+        lie at `positions`; pads write into page 0. They attend to themselves only, or, with
+        `pages`, to the rows' first `pages` pages (rows whose prompts begin in shared pages)."""
         table = self.table[rows]
         slots = table.gather(1, positions // PAGE_TOKENS) * PAGE_TOKENS + positions % PAGE_TOKENS
         self._write = slots.masked_fill_(~real, 0).reshape(-1)
+        self.reading = bool(pages)
         self.decoding = False
+        self.in_place = False
+        if self.reading:
+            self._queries = real.shape[1]
+            self._gather(table[:, :pages], pages)
+            self._changed = True  # the gathered pages are not the next decode step's
 
     def for_decode(self, positions: list[int], at: torch.Tensor, pages: int) -> None:
         """The next forward writes one token for rows 0..n-1 at `positions` (`at` on the
@@ -200,7 +248,8 @@ class PagedCache:
         small model a few tensor ops more than a fixed slot did, so what can be is kept from
         step to step, and the rest worked out on the host, which knows every row's pages."""
         n = len(positions)
-        self.decoding = True
+        self.reading = self.decoding = True
+        self._queries = 1
         self.in_place = all(self.home[:n])
         if self.in_place:
             self._write = self._starts[:n] + at
@@ -219,7 +268,12 @@ class PagedCache:
         if self._reads == (n, pages) and not self._changed:
             return  # the same pages as the step before
         self._changed = False
-        self._read = self.table[:n, :pages].reshape(-1)
+        self._gather(self.table[:n, :pages], pages)
+
+    def _gather(self, table: torch.Tensor, pages: int) -> None:
+        """The forward reads each of `table`'s rows' first `pages` pages, gathered."""
+        n = table.shape[0]
+        self._read = table.reshape(-1)
         self._reads = (n, pages)
         page = self._pages[0][0].shape[1]
         _, _, heads, dim = self.keys[0].shape
