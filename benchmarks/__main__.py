@@ -10,7 +10,16 @@ from pathlib import Path
 import httpx
 import redis
 
-from benchmarks import engine, kv_memory, openai_compat, outputs, peers, queue_cost, real_model
+from benchmarks import (
+    engine,
+    kv_memory,
+    openai_compat,
+    outputs,
+    peers,
+    prefix_cache,
+    queue_cost,
+    real_model,
+)
 from benchmarks.lifecycle import cancel_to_free, webhook_latency
 from benchmarks.machine import machine
 from benchmarks.stack import bench_stack
@@ -72,6 +81,7 @@ def main() -> None:
     if args.peers != "skip":
         peer_figures = peers.run(peers.QUICK if args.peers == "quick" else peers.FULL)
     kv_figures = kv_memory.run()
+    prefix_figures = prefix_cache.run()
     real_figures = None if args.no_real_model else real_model.run()
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -103,6 +113,7 @@ def main() -> None:
     if peer_figures is not None:
         lines += ["", *peers.report(peer_figures, header=True, machine=machine())]
     lines += ["", *kv_memory.report(kv_figures)]
+    lines += ["", *prefix_cache.report(prefix_figures)]
     if real_figures is not None:
         lines += ["", *real_model.report(real_figures)]
     args.out.write_text("\n".join(lines) + "\n")
