@@ -11,7 +11,13 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from services.api.openai.errors import error_body, openai_error, speaks_openai
+from services.api.openai.errors import (
+    error_body,
+    invalid_request,
+    openai_error,
+    speaks_both,
+    speaks_openai,
+)
 from shared.errors import (
     Expired,
     FibermillError,
@@ -28,6 +34,7 @@ from shared.errors import (
     WaitTimedOut,
     WebhookSecretNotRotatable,
 )
+from shared.inputs import validate_input
 from shared.problems import sentence
 
 log = logging.getLogger(__name__)
@@ -70,6 +77,8 @@ def render(exc: FibermillError, path: str = "") -> tuple[int, dict[str, Any], di
                             "type": p.code} for p in exc.problems]}
     else:
         body = {"detail": str(exc), "code": exc.code}
+    if speaks_both(path):
+        body |= openai_error(exc, status, path)[1]
     headers: dict[str, str] = {}
     if isinstance(exc, RateLimited | ServiceUnavailable):
         headers["Retry-After"] = str(max(1, int(exc.retry_after)))
@@ -88,10 +97,7 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     # carry (NaN, Infinity) are echoed as text: its default handler fails to encode them and
     # answers 500.
     if speaks_openai(request.url.path):
-        problems = [(".".join(str(p) for p in e["loc"][1:] if p != "body") or "body",
-                     sentence(e)) for e in exc.errors()]
-        return JSONResponse(error_body("; ".join(f"{f}: {m}" for f, m in problems),
-                                       param=problems[0][0]), status_code=400)
+        return JSONResponse(invalid_request(exc.errors(), exc.body), status_code=400)
     errors = []
     for e in exc.errors():
         e = {**e, "msg": sentence(e)}
@@ -99,7 +105,28 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
         if "input" in e:
             e["input"] = _json_safe(e["input"])
         errors.append(e)
+    errors += _input_problems(request, exc.body)
     return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+
+def _input_problems(request: Request, body: Any) -> list[dict[str, Any]]:
+    """A job refused for its envelope (a priority out of range) before its input was read:
+    the input's problems too, where the model is known, so that a refusal names every problem
+    at once and not the envelope's alone."""
+    registry = getattr(request.app.state, "registry", None)
+    if (request.url.path != "/v1/jobs" or registry is None or not isinstance(body, dict)
+            or not isinstance(body.get("input"), dict)):
+        return []
+    model = body.get("model")
+    spec = registry.models.get(model) if isinstance(model, str) else None
+    if spec is None:
+        return []
+    try:
+        validate_input(spec, body["input"])
+    except InvalidInput as exc:
+        return [{"loc": ["body", *p.field.split(".")], "msg": p.message, "type": p.code}
+                for p in exc.problems]
+    return []
 
 
 def _json_safe(value: Any) -> Any:
@@ -115,9 +142,13 @@ def _json_safe(value: Any) -> Any:
 async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
     log.warning("redis unavailable: %s", exc)
     message = "the job store is unavailable; retry shortly"
+    body: dict[str, Any] = {"detail": message, "code": "unavailable"}
+    if speaks_openai(request.url.path):
+        body = error_body(message, "server_error", code="unavailable")
+    elif speaks_both(request.url.path):
+        body |= error_body(message, "server_error", code="unavailable")
     return JSONResponse(
-        error_body(message, "server_error", code="unavailable")
-        if speaks_openai(request.url.path) else {"detail": message, "code": "unavailable"},
+        body,
         status_code=503,
         headers={"Retry-After": "5"},
     )

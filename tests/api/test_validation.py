@@ -217,6 +217,26 @@ def test_problems_of_the_request_itself_are_in_the_projects_words(client):
     assert _problems(resp) == {"input.temprature": "is not a field of this request"}
 
 
+def test_a_refused_envelope_does_not_hide_the_inputs_problems(client):
+    # A form with a wrong priority and a wrong input shows both at once, not the priority's
+    # problem first and the input's after it is fixed.
+    resp = client.post("/v1/jobs", json={"model": "digits", "priority": 10, "input": {
+        "prompts": ["dog"], "width": 24, "seed": -1}})
+    assert resp.status_code == 422
+    found = _problems(resp)
+    assert set(found) == {"priority", "input.prompts.0", "input.width", "input.seed"}, found
+    assert found["priority"] == "must be at most 9"
+    assert found["input.width"] == "must be 16 for model digits"
+    # Nothing is added where the model is not known, or the input is fine.
+    for model in ("no-such-model", ["digits"]):
+        resp = client.post("/v1/jobs", json={"model": model, "priority": 10,
+                                             "input": {"prompts": ["dog"]}})
+        assert set(_problems(resp)) <= {"priority", "model"}, resp.text
+    resp = client.post("/v1/jobs", json={"model": "digits", "priority": 10,
+                                         "input": {"prompts": ["3"]}})
+    assert _problems(resp) == {"priority": "must be at most 9"}
+
+
 def test_task_is_inferred_from_the_model_when_absent(client):
     resp = client.post("/v1/jobs", json={"model": "tiny-gpt2", "input": {"prompts": ["x"]}})
     assert resp.status_code == 202, resp.text

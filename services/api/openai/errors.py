@@ -5,6 +5,7 @@ domain errors serves both APIs.
 OpenAI answers a request it cannot take with 400 (Fibermill's own API says 422); the other
 statuses are the same in both."""
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -15,6 +16,7 @@ from shared.errors import (
     FibermillError,
     InvalidInput,
     JobNotFound,
+    ModelNotFound,
     OutputNotFound,
     PayloadTooLarge,
     QuotaExceeded,
@@ -23,19 +25,51 @@ from shared.errors import (
     Unauthorized,
     WaitTimedOut,
 )
+from shared.problems import sentence
 
-# Where a path starts, it speaks OpenAI. /v1/models is shared: its answer carries both shapes,
-# and its errors keep Fibermill's.
+# Where a path starts, it speaks OpenAI.
 PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/images/", "/v1/files", "/v1/batches")
+# /v1/models is both APIs' list of models: its answers carry both shapes, and so do its errors,
+# Fibermill's `detail` and `code` beside OpenAI's `error`, so that either client reads its own.
+SHARED = "/v1/models"
 
 
 def speaks_openai(path: str) -> bool:
     return path.startswith(PREFIXES)
 
 
+def speaks_both(path: str) -> bool:
+    return path == SHARED or path.startswith(SHARED + "/")
+
+
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def invalid_request(errors: Sequence[Any], body: Any) -> dict[str, Any]:
+    """The 400 body of a request FastAPI could not read into its model (`errors`: pydantic's,
+    `body`: what it read): every problem at once, `param` naming the first one's field. A body
+    that is not JSON names no field (pydantic's location is the character it failed at) and
+    says where the JSON breaks, as a line and column an editor can go to."""
+    problems: list[tuple[str | None, str]] = []
+    for e in errors:
+        if e["type"] == "json_invalid":
+            problems.append((None, _not_json(e, body)))
+            continue
+        field = ".".join(str(p) for p in e["loc"][1:] if p != "body") or "body"
+        problems.append((field, f"{field}: {sentence(e)}"))
+    return error_body("; ".join(m for _, m in problems), param=problems[0][0])
+
+
+def _not_json(error: Any, body: Any) -> str:
+    reason = (error.get("ctx") or {}).get("error") or "cannot be parsed"
+    pos = error["loc"][-1] if error["loc"] else None
+    if not isinstance(pos, int) or not isinstance(body, str):
+        return f"the request body is not valid JSON: {reason}"
+    line = body.count("\n", 0, pos) + 1
+    column = pos - body.rfind("\n", 0, pos)  # from 1, as json's own error counts it
+    return f"the request body is not valid JSON: {reason} at line {line}, column {column}"
 
 
 def openai_error(exc: FibermillError, status: int, path: str = "") -> tuple[int, dict[str, Any]]:
@@ -60,6 +94,8 @@ def openai_error(exc: FibermillError, status: int, path: str = "") -> tuple[int,
         kind, code = "timeout", exc.code
     elif isinstance(exc, ServiceUnavailable):
         kind, code = "server_error", exc.code
+    elif isinstance(exc, ModelNotFound):
+        return status, error_body(str(exc), param="model", code=exc.code)
     elif isinstance(exc, Expired | JobNotFound | OutputNotFound | PayloadTooLarge):
         code = exc.code
     else:
@@ -109,6 +145,21 @@ _WHY = {
     504: "The job did not finish within FIBERMILL_OPENAI_WAIT_SECONDS; it runs on, and the "
          "message names it",
 }
+
+
+class SharedErrorBody(OpenAIErrorBody):
+    """An error of /v1/models, in both APIs' shapes at once."""
+
+    detail: str = Field(description="What went wrong, for a person (Fibermill's shape)")
+    code: str = Field(description="A stable, machine-readable reason (Fibermill's shape)")
+
+
+_SHARED_WHY = {401: _WHY[401], 404: "No such model (model_not_found)"}
+
+
+def shared_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The documented error answers of a /v1/models route."""
+    return {s: {"model": SharedErrorBody, "description": _SHARED_WHY[s]} for s in statuses}
 
 
 def openai_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:

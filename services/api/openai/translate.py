@@ -81,7 +81,10 @@ def job_request(req: OpenAIRequest, registry: ModelRegistry,
     try:
         validate_input(spec, inp)
     except InvalidInput as exc:
-        raise InvalidInput.of(_renamed(p, names, req) for p in exc.problems) from None
+        problems = [_renamed(p, names, req) for p in exc.problems]
+        if isinstance(req, ImageGenerationRequest):
+            problems = _one_size_problem(problems, spec, req)
+        raise InvalidInput.of(problems) from None
     options = {} if priority is None else {"priority": priority}
     return JobRequest(model=spec.name, input=inp, **options)
 
@@ -111,6 +114,22 @@ def _renamed(problem: Problem, names: dict[str, str], req: OpenAIRequest) -> Pro
     elif field == "stop" and len(parts) > 2:
         field = f"stop.{parts[2]}"
     return Problem(field or problem.field, problem.message, problem.code)
+
+
+def _one_size_problem(problems: list[Problem], spec: ModelSpec,
+                      req: ImageGenerationRequest) -> list[Problem]:
+    """The job's width and height problems as the one `size` problem they are in OpenAI's
+    request: in its WxH words, with the sizes the model makes and the one asked for."""
+    sizes = [p for p in problems if p.field == "size"]
+    if not sizes:
+        return problems
+    lo, hi = spec.limits.min_size, spec.limits.max_size
+    makes = (f"only {lo}x{lo} images" if lo == hi else f"WxH images with W and H multiples "
+             f"of 8 from {lo} to {hi} ({lo}x{lo} to {hi}x{hi})")
+    message = f"model {spec.name} makes {makes} (or auto), not {req.size}"
+    first = problems.index(sizes[0])  # where the width's or height's problem was
+    rest = [p for p in problems if p.field != "size"]
+    return [*rest[:first], Problem("size", message, sizes[0].code), *rest[first:]]
 
 
 # Answers -------------------------------------------------------------------------------------
