@@ -1,5 +1,6 @@
-"""The form: it checks what it shows before sending, shows every refusal at once, starts
-each model with a prompt of its own, and reads each model's parameters from /v1/models."""
+"""The form: it shows each field's range and leaves judging to the server, shows every
+refusal at once, starts each model with a prompt of its own, and reads each model's parameters
+from /v1/models."""
 
 import pytest
 
@@ -15,7 +16,7 @@ TEXT_PARAMETERS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "s
 
 
 def refused(page, fills: dict[str, str]) -> None:
-    """Fill the fields, press Submit, and wait for the form's own refusal."""
+    """Fill the fields, press Submit, and wait for the refusal."""
     for field, value in fills.items():
         page.fill(f"#{field}", value)
     page.click("#submit")
@@ -42,38 +43,35 @@ def reshape_models(page, change) -> dict:
     return served
 
 
-def test_every_field_outside_its_shown_range_is_named_before_anything_is_sent(page):
+def test_every_problem_shows_at_once_the_shown_ranges_stopping_nothing(page):
+    # A range beside a field is a guide: checked by the page first, it would hide the
+    # server's other problems (a prompt the model cannot draw) until it was fixed.
     open_page(page)
     posts = job_posts(page)
-    choose(page, "digits", ["3"])
+    choose(page, "digits", ["dog", "3"])
     assert page.text_content("#width + .hint") == "must be 16"
-    wrong = {"steps": ("1001", "must be at most 1000"),
-             "width": ("24", "must be 16"),
-             "height": ("8", "must be 16"),
-             "num_images_per_prompt": ("9", "must be at most 8"),
-             "guidance_scale": ("51", "must be at most 50"),
-             "seed": ("-1", "must be at least 0"),
-             "priority": ("10", "must be at most 9")}
+    wrong = {"steps": ("1001", "1000"), "width": ("24", "must be 16"),
+             "height": ("8", "must be 16"), "num_images_per_prompt": ("9", "8"),
+             "guidance_scale": ("51", "50"), "seed": ("-1", "at least 0"),
+             "priority": ("10", "9")}
     refused(page, {field: value for field, (value, _) in wrong.items()})
-    for field, (_, message) in wrong.items():
+    for field, (_, words) in wrong.items():
         name = field if field == "priority" else f"input.{field}"
-        assert error(page, name) == message, field
+        assert words in error(page, name), (field, error(page, name))
         assert page.get_attribute(f"#{field}", "aria-invalid") == "true", field
+    assert "names no class" in error(page, "input.prompts.0")  # beside the ranges' problems
+    assert error(page, "input.prompts.1") == ""
     assert "fix" in page.text_content("#form-error")
-
-    choose(page, "tiny-sd", ["a red square"])  # bounds 32..256 in steps of 8
-    refused(page, {"width": "36", "height": "264", "steps": "2.5"})
-    assert error(page, "input.width") == "must be a multiple of 8"
-    assert error(page, "input.height") == "must be at most 256"
-    assert error(page, "input.steps") == "must be a whole number"
+    assert len(posts) == 1 and posts[0]["input"]["width"] == 24
+    assert posts[0]["priority"] == 10
 
     choose(page, "tiny-gpt2", ["Hello"])
     refused(page, {"max_new_tokens": "257", "temperature": "6"})
-    assert error(page, "input.max_new_tokens") == "must be at most 256"
-    assert error(page, "input.temperature") == "must be at most 5"
+    assert "256" in error(page, "input.max_new_tokens")
+    assert "5" in error(page, "input.temperature")
     # The image fields are hidden now: whatever they still hold is neither checked nor sent.
-    assert "width" not in page.text_content("#form-error")
-    assert posts == [] and page.is_hidden("#job-card")
+    assert "width" not in posts[1]["input"] and "width" not in page.text_content("#form-error")
+    assert page.is_hidden("#job-card")
     assert page.page_errors == []
 
 
@@ -107,7 +105,9 @@ def test_the_digits_example_prompt_gives_way_to_a_text_model(page):
     assert page.input_value(prompt) == "3"
     page.select_option("#model", "tiny-gpt2")
     assert page.input_value(prompt) == ""
-    assert page.get_attribute(prompt, "placeholder") == "Describe what to generate"
+    assert page.get_attribute(prompt, "placeholder") == "Text to continue"  # it completes
+    page.select_option("#model", "tiny-sd")
+    assert page.get_attribute(prompt, "placeholder") == "Describe the image to draw"
     page.select_option("#model", "digits")
     assert page.input_value(prompt) == "3"
 
@@ -134,10 +134,6 @@ def test_ranges_and_defaults_come_from_each_models_parameters(page):
     assert page.get_attribute("#steps", "placeholder") == "12"
     assert page.text_content("#steps + .hint") == f"2{DASH}77"
     assert page.is_hidden("#negative_prompt")  # not among the model's parameters
-    page.fill("#steps", "78")
-    page.click("#submit")
-    page.wait_for_selector("#form-error:not(:empty)")
-    assert error(page, "input.steps") == "must be at most 77"
 
     choose(page, "tiny-gpt2", ["Hello"])
     assert page.get_attribute("#max_new_tokens", "placeholder") == "9"

@@ -1,6 +1,7 @@
 """Each job has an address, /#/jobs/{id}: set when it is submitted or opened, kept by a
 reload, and shown to whoever opens it; and a finished job's bars read as finished."""
 
+import json
 import time
 
 import pytest
@@ -113,4 +114,78 @@ def test_a_recent_job_whose_record_expired_reads_as_expired(page):
 
     open_page(page, path=f"/#/jobs/{old}")  # its link says why
     page.wait_for_selector(f"text=job {old} has expired")
+    assert page.page_errors == []
+
+
+def test_an_unknown_job_after_a_finished_one_shows_nothing_of_the_finished_one(page):
+    open_page(page)
+    choose(page, "digits", ["3"])
+    page.click("#submit")
+    page.wait_for_selector("#job-status.succeeded")
+    assert page.evaluate(FILLED, "#done-fill") == 100
+
+    unknown = new_job_id()
+    page.evaluate("id => { window.location.hash = `#/jobs/${id}`; }", unknown)
+    page.wait_for_selector("#job-error:text('Not found')")
+    assert page.text_content("#job-id") == unknown
+    # Its badge, line and bars were the finished job's: none stays beside "Not found".
+    assert page.is_hidden("#job-status") and page.text_content("#job-status") == ""
+    assert page.is_hidden("#done-meter") and page.is_hidden("#step-meter")
+    assert page.text_content("#job-meta") == "" and page.is_hidden("#job-cancel")
+    assert page.locator("#results > *").count() == 0
+    assert page.page_errors == []
+
+
+def sse(*events: tuple[str, dict]) -> str:
+    return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+
+
+def test_outputs_stepping_as_one_batch_read_as_one_batch(page):
+    """Each output of a batch reports its own steps: twelve outputs at step 63 are one batch
+    at step 63, not output #12 at step 63 beside "0 of 12 done"."""
+    job_id = new_job_id()
+    job = {"id": job_id, "status": "running", "task": "image-generation", "model": "digits",
+           "progress": {"done": 0, "total": 12}}
+
+    def steps(indices, step):
+        return [("step", {"index": i, "step": step + i % 2, "steps": 200}) for i in indices]
+
+    def done(n):
+        return ("progress", {"done": n, "total": 12})
+
+    streams = [
+        steps(range(12), 63),
+        # Two batches of six, one after the other, at the same steps: the first is done.
+        [*steps(range(6), 190), done(6), *steps(range(6, 12), 190)],
+        # One output left, running alone.
+        [*steps(range(12), 190), done(11), ("step", {"index": 11, "step": 5, "steps": 200})],
+    ]
+    phase = [0]  # which stream this load of the page is served
+    records = [0, 6, 11]  # the done count of the record, as each stream leaves it
+
+    def events(route):
+        body = sse(("status", job), *streams[phase[0]])
+        route.fulfill(status=200, content_type="text/event-stream", body=body)
+
+    def record(route):
+        # Read after the stream ends, it agrees with what the stream said.
+        route.fulfill(json={**job, "progress": {"done": records[phase[0]], "total": 12}})
+
+    page.route(f"**/v1/jobs/{job_id}/events", events)
+    page.route(f"**/v1/jobs/{job_id}", record)
+    open_page(page, path=f"/#/jobs/{job_id}")
+    page.wait_for_selector("#step-text:text-is('64 of 200')")  # output #12's, the last
+    assert page.text_content("#step-label") == "12 outputs in one batch: denoise step"
+    assert page.text_content("#done-text") == "0 of 12 done"
+
+    phase[0] = 1
+    page.reload()
+    page.wait_for_selector("#done-text:text('6 of 12 done')")
+    assert page.text_content("#step-label") == "6 outputs in one batch: denoise step"
+
+    phase[0] = 2
+    page.reload()
+    page.wait_for_selector("#done-text:text('11 of 12 done')")
+    assert page.text_content("#step-label") == "Output #12: denoise step"
+    assert page.text_content("#step-text") == "5 of 200"
     assert page.page_errors == []

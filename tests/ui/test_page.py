@@ -110,11 +110,13 @@ def test_the_servers_refusals_are_shown_next_to_their_fields(page):
     page.fill("#prompts li:nth-child(1) input", "4")
     assert page.is_hidden("[data-error-for='input.prompts.0']")  # editing clears the error
     assert page.is_visible("[data-error-for='input.prompts.2']")
-    # A number field holding text is caught before it would be sent as nothing at all.
+    # A number field holding text is refused by name, not sent as nothing at all (the
+    # model's default in its place), and with the other problems.
     page.locator("#seed").press_sequentially("1e")
     page.click("#submit")
-    page.wait_for_selector("[data-error-for='input.seed']")
-    assert page.text_content("[data-error-for='input.seed']") == "not a number"
+    page.wait_for_selector("[data-error-for='input.seed']:not(:empty)")
+    assert page.text_content("[data-error-for='input.seed']") == "must be a whole number"
+    assert "names no class" in page.text_content("[data-error-for='input.prompts.2']")
     assert page.is_hidden("#job-card")
     assert page.locator("#recent tbody tr").count() == 0
     assert page.page_errors == []

@@ -1,12 +1,19 @@
 // The submit form: it adapts to the chosen model's task, builds the request body, and puts the
-// API's field errors next to the fields they name.
+// API's field errors next to the fields they name. The server judges every field, so that a
+// refusal names every problem at once: the bounds shown beside the fields are a guide, and
+// the form (novalidate) stops nothing on its way.
 
-import { ApiError, FIX_FIELDS, getJSON } from "./api.js";
-import { paramOf, problemOf, rangeText, takes } from "./limits.js";
+import { getJSON } from "./api.js";
+import { paramOf, rangeText, takes } from "./limits.js";
 
 const MODEL_STORE = "fibermill.model";
 // The digits model draws 3 well; its 7 is its weakest digit.
 const EXAMPLE_CLASS = 3;
+// What a prompt is, for a model whose prompts are free text, by its task.
+const PROMPT_PLACEHOLDER = {
+  "text-generation": "Text to continue",
+  "image-generation": "Describe the image to draw",
+};
 const $ = (sel) => document.querySelector(sel);
 
 export class JobForm {
@@ -21,9 +28,7 @@ export class JobForm {
         placeholder: el.placeholder }]));
     this.form.addEventListener("submit", (e) => {
       e.preventDefault();
-      const problems = this.problems();
-      if (problems) this.showErrors(problems);
-      else onSubmit(this.body());
+      onSubmit(this.body());
     });
     this.select.addEventListener("change", () => {
       localStorage.setItem(MODEL_STORE, this.select.value);
@@ -82,7 +87,7 @@ export class JobForm {
       // The previous model's example, untouched, would be the wrong prompt for this one.
       if ("example" in input.dataset) input.value = example;
       input.placeholder = classes.length ? `e.g. ${example} or "a handwritten ${example}"`
-        : "Describe what to generate";
+        : PROMPT_PLACEHOLDER[spec.task] || "Prompt";
     }
     this.clearErrors();
   }
@@ -125,24 +130,18 @@ export class JobForm {
     const body = { task, model: this.select.value, input };
     // Hidden fields belong to the other task: only what the person can see is sent.
     for (const el of this.form.querySelectorAll("[data-kind]")) {
-      if (el.closest("[hidden]") || el.value.trim() === "") continue;
-      const value = el.dataset.kind === "str" ? el.value : Number(el.value);
+      if (el.closest("[hidden]")) continue;
+      // Text a number field cannot read ("1e") reads as empty. Sent as that empty text, not
+      // left out, it is refused by name with every other problem: left out, the model's
+      // default would run in its place.
+      const unreadable = el.type === "number" && el.validity.badInput;
+      if (!unreadable && el.value.trim() === "") continue;
+      const value = el.dataset.kind === "str" || unreadable ? el.value : Number(el.value);
       const [head, name] = el.dataset.field.split(".");
       if (head === "input") input[name] = value;
       else body[head] = value;
     }
     return body;
-  }
-
-  // Every visible number field against the bounds shown beside it, all at once.
-  problems() {
-    const fields = {};
-    for (const el of this.form.querySelectorAll("input[type=number]")) {
-      if (el.closest("[hidden]")) continue;
-      const problem = problemOf(el);
-      if (problem) fields[el.dataset.field] = [problem];
-    }
-    return Object.keys(fields).length ? new ApiError(0, FIX_FIELDS, { fields }) : null;
   }
 
   // param: {default, minimum, maximum, multipleOf} from the model, or null to restore the

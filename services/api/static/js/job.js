@@ -22,6 +22,8 @@ export class JobView {
     this.job = null;
     this.controller = null;
     this.shownFinal = null;
+    this.steps = new Map(); // output index -> the last step it reported
+    this.doneSeen = null; // the done count the steps are of
     $("#job-cancel").addEventListener("click", () => this.cancel(this.job.id));
   }
 
@@ -36,9 +38,22 @@ export class JobView {
     const id = typeof idOrJob === "string" ? idOrJob : idOrJob.id;
     this.job = { id };
     this.shownFinal = null;
+    this.steps = new Map();
+    this.doneSeen = null;
     $("#job-card").hidden = false;
     $("#job-id").textContent = id;
     $("#job-link").href = jobHref(id);
+    // Nothing of the job shown before stays beside this one, which may turn out not to
+    // exist: its badge, its line, its bars are this job's once its record is read.
+    const badge = $("#job-status");
+    badge.textContent = "";
+    badge.className = "badge";
+    badge.hidden = true;
+    $("#job-cancel").hidden = true;
+    $("#job-meta").textContent = "";
+    $("#done-text").textContent = "";
+    $("#done-fill").style.width = "0%";
+    $("#done-meter").hidden = false;
     $("#job-error").textContent = "";
     $("#results").replaceChildren();
     $("#step-meter").hidden = true;
@@ -120,6 +135,7 @@ export class JobView {
     const badge = $("#job-status");
     badge.textContent = job.status;
     badge.className = `badge ${job.status}`;
+    badge.hidden = false;
     const final = FINAL.has(job.status);
     $("#job-cancel").hidden = final;
     $("#job-meta").textContent = meta(job);
@@ -148,6 +164,10 @@ export class JobView {
   }
 
   progress({ done, total }) {
+    // Outputs that finished step no more: the steps of those still running come again
+    // within a tenth of a second.
+    if (this.doneSeen != null && done > this.doneSeen) this.steps.clear();
+    this.doneSeen = done;
     this.job.progress = { done, total };
     $("#done-text").textContent = `${done} of ${total} done`;
     $("#done-fill").style.width = `${total ? (100 * done) / total : 0}%`;
@@ -155,11 +175,18 @@ export class JobView {
     this.onUpdate({ id: this.id, progress: { done, total } });
   }
 
+  // Each running output reports its own steps. Outputs run as one batch step together, so
+  // they report the same step, give or take the throttle's timing: those are named as one
+  // batch, not as the output whose event came last (as if those before it were done).
   step({ index, step, steps }) {
     if (FINAL.has(this.job.status)) return;
+    this.steps.set(index, step);
+    const near = Math.max(2, steps / 20);
+    const batch = [...this.steps.values()].filter((s) => Math.abs(s - step) <= near).length;
     const what = this.job.task === "text-generation" ? "token" : "denoise step";
     $("#step-meter").hidden = false;
-    $("#step-label").textContent = `Output #${index + 1}: ${what}`;
+    $("#step-label").textContent = batch > 1 ? `${batch} outputs in one batch: ${what}`
+      : `Output #${index + 1}: ${what}`;
     $("#step-text").textContent = `${step} of ${steps}`;
     $("#step-fill").style.width = `${steps ? (100 * step) / steps : 0}%`;
   }
@@ -194,9 +221,15 @@ export class JobView {
     }
   }
 
+  // Following the job was refused. A job never shown (no such job, an expired one) leaves
+  // only why on the card: no bar stands for progress it does not have.
   fail(message) {
     $("#job-error").textContent = message;
     $("#job-cancel").hidden = true;
+    if (!this.job.status) {
+      $("#done-meter").hidden = true;
+      $("#step-meter").hidden = true;
+    }
   }
 }
 
