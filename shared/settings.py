@@ -34,6 +34,10 @@ class Settings(BaseSettings):
 
     # Sub-request execution and recovery
     subrequest_time_limit_seconds: int = Field(600, ge=1)
+    # Which sub-requests share cached prompt pages (prefix caching): those of one API key
+    # (`key`), or all (`global`: one system prompt's pages serve every tenant, and how soon a
+    # prompt is answered tells whether another's began alike).
+    prefix_cache_scope: Literal["key", "global"] = "key"
     lease_seconds: float = Field(15.0, gt=0)
     heartbeat_seconds: float = Field(3.0, gt=0)
     janitor_interval_seconds: float = Field(2.0, gt=0)

@@ -124,7 +124,8 @@ class Handler:
         try:
             made = await arrival.submit(sub.item, Ticket(
                 should_stop=self.progress.hook(flight), withdrawn=flight.stop.is_set,
-                tag=sub.member, isolate=sub.isolated, on_text=on_text, charged=flight.charged))
+                tag=sub.member, isolate=sub.isolated, on_text=on_text, charged=flight.charged,
+                cache_scope=self._cache_scope(sub)))
             # Its output events go out before the result that may make the job final; the
             # final one goes out with the result, in the same script.
             await on_text.flushed()
@@ -173,6 +174,11 @@ class Handler:
         if stored != 1:
             return Outcome.DUPLICATE, True
         return outcome, True
+
+    def _cache_scope(self, sub: SubRequest) -> str:
+        """Who its cached prompt pages are shared with: its API key's other sub-requests, or
+        (`global`) every one."""
+        return sub.owner or "" if self.settings.prefix_cache_scope == "key" else ""
 
     async def _device_lost(self, flight: InFlight) -> Outcome:
         """The device failed for good under it: back to its queue, and the worker exits

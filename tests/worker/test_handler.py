@@ -226,3 +226,12 @@ def test_exhausted_attempts_are_dead_lettered(runtime, job, sredis):
     assert (letter.job_id, letter.index, letter.code, letter.attempts, letter.prompt_chars) == (
         "j1", 0, "dead_lettered", 2, len("hello"))
     assert b"hello" not in raw
+
+
+def test_cached_prompt_pages_are_shared_within_the_api_key_unless_global(runtime, monkeypatch):
+    handler = runtime.handler
+    owned = _sub().model_copy(update={"owner": "key-1"})
+    assert handler._cache_scope(owned) == "key-1"
+    assert handler._cache_scope(_sub()) == ""  # no keys: one scope
+    monkeypatch.setattr(handler.settings, "prefix_cache_scope", "global")
+    assert handler._cache_scope(owned) == ""

@@ -126,7 +126,7 @@ class Decoder:
         self.waiting.append(Waiting(item, ticket.should_stop, future, loop,
                                     withdrawn=ticket.withdrawn, isolate=ticket.isolate,
                                     tag=ticket.tag, charged=ticket.charged,
-                                    on_text=ticket.on_text))
+                                    on_text=ticket.on_text, cache_scope=ticket.cache_scope))
         self.pump()
         return future
 
@@ -401,7 +401,7 @@ class Decoder:
         row = self.p.start(w.item)
         return Running(w, row, Sequence(item=w.item, budget=row.budget,
                                         prompt_tokens=len(row.prompt)),
-                       digests=page_digests(row.prompt))
+                       digests=page_digests(row.prompt, w.cache_scope))
 
     def _lacking(self) -> int:
         """The pages the running rows lack for their next steps."""

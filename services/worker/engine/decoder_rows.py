@@ -27,6 +27,7 @@ class Waiting:
     tag: str | None = None  # the sub-request it is (engine/start.py)
     charged: bool = False
     on_text: OnText | None = None  # hears its text after each read that advanced it
+    cache_scope: str = ""  # shares cached prompt pages only within it (prefix_pages.py)
     # Its row, once started: held back for KV-cache pages, or preempted with the tokens it
     # made (its prompt and those are prefilled again when it is admitted).
     held: "Running | None" = None

@@ -27,6 +27,8 @@ class Ticket:
     isolate: bool = False  # runs alone, with nothing beside it
     on_text: OnText | None = None  # hears a text item's text as it decodes; images have none
     charged: bool = False  # its attempt was charged with its lease already
+    # Whose cached prompt pages it may share (text): only items of the same scope share.
+    cache_scope: str = ""
 
 
 # An item with no stop hook, tag or listener, run in whatever company.

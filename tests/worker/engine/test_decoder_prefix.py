@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from services.worker import metrics
+from services.worker.engine.scheduling import Ticket
 from services.worker.engine.text_cache import PAGE_TOKENS
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
@@ -181,3 +182,21 @@ def test_a_failed_iteration_forgets_every_cached_page(model_dir: Path,
     result = engine.run([TextItem(prompt=SYSTEM + TAILS[1], max_new_tokens=NEW_TOKENS)])[0]
     assert result.text == _expected(pipe, [SYSTEM + TAILS[1]])[0]
     assert _hits(pipe) == hits
+
+
+def test_only_items_of_one_cache_scope_share_pages(model_dir: Path, loop: Loop) -> None:
+    # Arriving together, as a request's choices do: the second item of key A shares what the
+    # first computed; key B's and the unscoped one compute their own.
+    pipe = _pipeline(model_dir, "tiny-gpt2-prefix-scope", max_batch=8)
+    engine = engine_for(pipe)
+    item = TextItem(prompt=SYSTEM + TAILS[0], max_new_tokens=NEW_TOKENS)
+    length = len(pipe.tokenizer(item.prompt)["input_ids"])
+    hits = _hits(pipe)
+
+    async def together():
+        return await asyncio.gather(*(engine.submit(item, Ticket(cache_scope=scope))
+                                      for scope in ("key-a", "key-b", "", "key-a")))
+
+    results = loop.run(together())
+    assert all(r == results[0] for r in results)
+    assert _hits(pipe) - hits == (length - 1) // PAGE_TOKENS * PAGE_TOKENS
