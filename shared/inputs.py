@@ -16,7 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from shared.class_prompts import resolve_class
 from shared.errors import InvalidInput
-from shared.messages import GeneratedImage, GeneratedText
+from shared.messages import MAX_TOP_LOGPROBS, GeneratedImage, GeneratedText
 from shared.problems import from_validation_error
 from shared.registry import ModelKind, ModelSpec, Task
 
@@ -118,6 +118,10 @@ class TextGenerationInput(_Input):
     stream: bool = Field(False, description="Publish each output's text on the job's event "
                          "stream as it is decoded (`output` events, every few tokens); "
                          "otherwise output events come at most about ten times a second")
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "Return each generated token's log-probability (in `output[i].logprobs`, and in "
+        "streamed `output` events), with this many of the most likely tokens at each place "
+        "(0: the chosen token's only)"))
 
     @field_validator("max_new_tokens")
     @classmethod

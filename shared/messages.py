@@ -20,6 +20,9 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+# The most alternatives a generated token's log-probability comes with (OpenAI's top_logprobs).
+MAX_TOP_LOGPROBS = 20
+
 
 class Message(BaseModel):
     def encode(self) -> str:
@@ -104,6 +107,9 @@ class TextItem(BaseModel):
     # Its text is published as it is decoded, every read (OpenAI `stream: true`); otherwise
     # throttled like step events.
     stream: bool = False
+    # Each generated token's log-probability, and the `logprobs` most likely tokens' beside
+    # it (0: the chosen token's only); None: none.
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 class ImageItem(BaseModel):
@@ -148,6 +154,22 @@ class SubRequest(Message):
         return cls.model_validate(payload)
 
 
+class TopLogprob(BaseModel):
+    token: str = Field(description="The token's text (bytes that are not whole UTF-8 "
+                       "characters decode to U+FFFD; `bytes` has them exactly)")
+    bytes: list[int] = Field(description="The token's bytes")
+    logprob: float = Field(description="Its natural log-probability under the model, before "
+                           "temperature, top-k and top-p")
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's log-probability, and the most likely tokens at its place."""
+
+    top_logprobs: list[TopLogprob] = Field(
+        default_factory=list, description="The most likely tokens at this place, most likely "
+        "first, as many as asked")
+
+
 class GeneratedText(BaseModel):
     text: str = Field(description="The generated text, without the prompt")
     finish_reason: FinishReason = Field(description=(
@@ -156,6 +178,8 @@ class GeneratedText(BaseModel):
     tokens: int = Field(description="Number of generated tokens")
     prompt_tokens: int | None = Field(None, description="Number of prompt tokens the model "
                                       "read (after truncation to its context)")
+    logprobs: list[TokenLogprob] | None = Field(
+        None, description="Each generated token's log-probability, when `logprobs` was asked")
 
 
 class GeneratedImage(BaseModel):
@@ -252,6 +276,9 @@ class OutputData(BaseModel):
     # Set on the index's last output event, which carries the rest of its text.
     finish_reason: FinishReason | None = None
     prompt_tokens: int | None = None
+    # The log-probabilities of the tokens generated since this index's previous output event,
+    # when its item asked for them (its text may lag its tokens by a few characters).
+    logprobs: list[TokenLogprob] | None = None
 
 
 class OutputEvent(Message):

@@ -22,6 +22,7 @@ def split_items(
                 seed=seed + i,
                 stop=inp.stop,
                 stream=inp.stream,
+                logprobs=inp.logprobs,
             )
             for i, p in enumerate(inp.prompts)
         ]
