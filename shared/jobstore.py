@@ -17,6 +17,7 @@ from shared import names
 from shared import redis_replies as replies
 from shared.errors import InvalidTransition, JobNotFound
 from shared.job import FINAL_STATUSES, JobMeta, JobStatus, WebhookDelivery
+from shared.job_log import JobEnd, job_ended
 from shared.messages import (
     DeadLetter,
     JobError,
@@ -254,6 +255,8 @@ class JobStore:
         )
         if completed is None:
             return None
+        job_ended(JobEnd(job_id, rec.task, rec.model, status.value, rec.created_at,
+                         rec.started_at, completed, error.code if error else None))
         return replace(rec, status=status, output=output, error=error, completed_at=completed)
 
     async def record_delivery(self, job_id: str, delivery: WebhookDelivery) -> None:
@@ -297,11 +300,16 @@ class JobStore:
 
     async def _store(self, job_id: str, result: SubResult, model: str | None,
                      event: str | None, output: list[dict[str, Any]] | None) -> int | Finished:
-        return await jobs.store_result(
-            self.redis, job_id=job_id, model=model or await self._model(job_id), result=result,
+        model = model or await self._model(job_id)
+        stored = await jobs.store_result(
+            self.redis, job_id=job_id, model=model, result=result,
             output_json=json.dumps(output) if output is not None else None, event=event,
             ttls=self._ttls,
         )
+        if isinstance(stored, Finished):
+            job_ended(JobEnd(job_id, stored.task, model, JobStatus.SUCCEEDED.value,
+                             stored.created_at, stored.started_at, stored.completed_at))
+        return stored
 
     async def _model(self, job_id: str) -> str:
         """The job's model, for its backlog's key. A job's model never changes, so reading it

@@ -4,7 +4,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     ready_file: str = ""  # set by the launcher: created once this worker's models are loaded
 
     public_url: str = ""  # base for output URLs; empty gives relative URLs
+
+    # Logs of every process (shared/logs.py): the level, and each line as text or as a JSON
+    # object for a collector that parses them.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
 
     # API process (services/api/serve.py): at SIGTERM /readyz answers 503 at once and the
     # API keeps serving this long, so load balancers stop sending before the socket closes.
@@ -180,6 +185,17 @@ class Settings(BaseSettings):
     max_stored_file_bytes_per_key: int = Field(10 * 1024**3, ge=1)
     batch_queue_share_per_key: float = Field(0.1, gt=0, le=1)
     key_quotas: dict[str, KeyQuotas] = Field(default_factory=dict)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_any_case(cls, value: object) -> object:
+        # FIBERMILL_LOG_LEVEL=info reads as INFO, as Celery and uvicorn take it.
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _format_any_case(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _heartbeat_within_lease(self) -> "Settings":

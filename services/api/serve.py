@@ -16,6 +16,8 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from services.api.access_log import AccessLog
+from shared.logs import configure as configure_logs
 from shared.settings import get_settings
 
 log = logging.getLogger("uvicorn.error")
@@ -56,7 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default=None,
+                   help="level of uvicorn's own messages (server start and stop); "
+                        "default: FIBERMILL_LOG_LEVEL, which sets every other line's, "
+                        "the request lines' included")
     p.add_argument("--timeout-graceful-shutdown", type=float, default=None,
                    help="seconds requests in flight get once the socket is closed "
                         "(default: FIBERMILL_MAX_WAIT_SECONDS + 5)")
@@ -68,12 +73,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = get_settings()
+    configure_logs("api")
     from services.api.app import app
 
     timeout = args.timeout_graceful_shutdown
     if timeout is None:
         timeout = settings.max_wait_seconds + 5
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    # uvicorn installs no logging of its own (log_config None): its records go through
+    # shared/logs.py's format, and AccessLog writes the request lines in place of its access
+    # log.
+    config = uvicorn.Config(AccessLog(app), host=args.host, port=args.port,
+                            log_level=(args.log_level or settings.log_level).lower(),
+                            log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(0.0, timeout))
     drain = settings.api_drain_seconds if args.drain_seconds is None else args.drain_seconds
     server = DrainingServer(config, app, drain)

@@ -14,9 +14,10 @@ import redis.asyncio as aioredis
 
 from services.worker.flights import Flights
 from shared import names
+from shared import redis_replies as replies
 from shared.asyncio_compat import raise_if_cancelled
 from shared.job import FINAL_STATUSES
-from shared.messages import CancelNotice
+from shared.messages import CancelNotice, JobError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class CancelListener:
                     if msg["channel"] == WATCH:
                         self.flights.watch_job(msg["data"].decode())
                     else:
-                        self._stop(CancelNotice.decode(msg["data"]).job_id)
+                        await self._stop(CancelNotice.decode(msg["data"]).job_id)
             except asyncio.CancelledError:
                 raise
             except Exception:  # Redis went away: resubscribe after a pause
@@ -60,8 +61,28 @@ class CancelListener:
             statuses = await pipe.execute()
         for job_id, status in zip(job_ids, statuses, strict=True):
             if status is None or status.decode() in FINAL_STATUSES:
-                self._stop(job_id)
+                await self._stop(job_id)
 
-    def _stop(self, job_id: str) -> None:
-        if self.flights.stop_job(job_id):
-            log.info("stopping the sub-requests of job %s", job_id)
+    async def _stop(self, job_id: str) -> None:
+        # Told once: the notice and the next sweep both find a job whose sub-requests are
+        # still winding down.
+        fresh = sum(not f.stop.is_set() for f in self.flights.of_job(job_id))
+        self.flights.stop_job(job_id)
+        if fresh and log.isEnabledFor(logging.INFO):
+            # Read only by the worker that held some of it, after the stop: it says why.
+            log.info("stopping %d sub-request(s) of job %s: %s", fresh, job_id,
+                     await self._why(job_id))
+
+    async def _why(self, job_id: str) -> str:
+        """What the job became, as the job-end line says it: `status=canceled`,
+        `status=failed error=deadline_exceeded`, or `status=gone`."""
+        try:
+            status, error = await self.redis.hmget(names.job_key(job_id), ["status", "error"])
+        except Exception as exc:  # the stop is done; only its reason is missing
+            return f"status unknown ({type(exc).__name__})"
+        if (status_text := replies.optional_text(status)) is None:
+            return "status=gone"
+        why = f"status={status_text}"
+        if error_raw := replies.optional_raw(error):
+            why += f" error={JobError.model_validate_json(error_raw).code}"
+        return why

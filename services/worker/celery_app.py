@@ -21,6 +21,7 @@ from services.worker.quiet import quiet_libraries
 from services.worker.runtime import WorkerRuntime
 from shared.celery_config import make_celery
 from shared.errors import ModelNotLoadable
+from shared.logs import configure as configure_logs
 from shared.messages import SubRequest
 from shared.names import RUN_SUBREQUEST_TASK
 from shared.registry import load_registry
@@ -31,6 +32,25 @@ log = logging.getLogger(__name__)
 quiet_libraries()  # before the models load, which imports transformers and diffusers
 app = make_celery(get_settings(), name="fibermill-worker")
 _runtime: WorkerRuntime | None = None
+
+
+def _configure_logs(level: str | int | None) -> None:
+    """The worker's lines look like every other process's, named for its slot."""
+    settings = get_settings()
+    configure_logs(f"worker-{settings.device or 'cpu'}{settings.device_index}", level=level)
+
+
+@signals.celeryd_init.connect
+def _early_logs(options: dict | None = None, **_) -> None:
+    # The worker starting: before worker_init, whose model loading logs what it loaded, and
+    # which Celery sends before it sets logging up (setup_logging below).
+    _configure_logs((options or {}).get("loglevel"))
+
+
+@signals.setup_logging.connect
+def _logs(loglevel: str | int | None = None, **_) -> None:
+    # Connected, this replaces Celery's own logging set-up (its format, its stdout redirect).
+    _configure_logs(loglevel)
 
 
 @signals.worker_init.connect

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from services.worker.devices import visible_gpus
 from services.worker.drain import DRAIN_STOP_GRACE_SECONDS
+from shared.logs import configure as configure_logs
 from shared.names import queue_for
 from shared.registry import ModelRegistry, load_registry
 from shared.settings import Settings, get_settings
@@ -85,7 +86,7 @@ def command(settings: Settings, slot: Slot, name: str) -> list[str]:
         "-m",
         "celery",
         # No banner: the worker logs what it loaded and serves, one line each.
-        *([] if os.environ.get("FIBERMILL_LOG_LEVEL", "INFO") == "DEBUG" else ["--quiet"]),
+        *([] if settings.log_level == "DEBUG" else ["--quiet"]),
         "-A",
         "services.worker.celery_app",
         "worker",
@@ -98,7 +99,7 @@ def command(settings: Settings, slot: Slot, name: str) -> list[str]:
         "-n",
         f"{name}@%h",
         "--loglevel",
-        os.environ.get("FIBERMILL_LOG_LEVEL", "INFO"),
+        settings.log_level,
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
@@ -135,7 +136,7 @@ def start(settings: Settings, slot: Slot, n_slots: int) -> None:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logs("launcher")
     settings = get_settings()
     slots = plan(settings)
     if not slots:

@@ -4,7 +4,9 @@
 A group from the batcher runs as one batch; when it fails with more than one item, each item
 runs again alone, so a failing batch fails exactly the items that fail alone (an item's result
 is the same alone or batched) and the engine keeps serving. Out of memory is handled the same
-way, and a sticky device error runs nothing again (device_faults.py).
+way, and a sticky device error runs nothing again (device_faults.py). A batch that ends
+because every item in it was asked to stop (a cancel, a time limit, a drain) did not fail: its
+items are settled as stopped, and nothing runs again.
 """
 
 import asyncio
@@ -55,6 +57,14 @@ class GraphRunner:
         metrics.BATCH_SIZE.labels(self.name).observe(len(group))
         try:
             await self._run_group(group)
+        except PipelineStopped:
+            # Batch.check_stops raises it once no item is left running: each one stopped, and
+            # heard so through `on_stop`. Not a failure: no item runs again.
+            log.debug("a batch of %d %s items stopped: every item was asked to stop",
+                      len(group), self.name)
+            metrics.BATCHES_STOPPED.labels(self.name).inc()
+            for p in group:
+                settle(p.future, None, PipelineStopped())
         except Exception as exc:
             if device_faults.is_sticky(exc):
                 # Nothing runs again on this device: each item goes back (handler.py).
