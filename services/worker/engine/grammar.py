@@ -1,0 +1,142 @@
+"""Structured output for the text decoder: JSON mode and JSON schemas, decoded under a grammar
+(llguidance), the grammars compiled once per model and schema.
+
+The pieces, for the decoder to call:
+
+- `GrammarCache(tokenizer, vocab_size, eos_ids)`, one per text model: `get(schema)` gives the
+  compiled `Grammar` of a schema (`None`: JSON mode, any object), compiled once per schema
+  (keyed by `grammar_schema.canonical`, its compact JSON with its members in order) and kept
+  while among the `capacity` most recently used.
+- `RowMatcher(grammar, budget)` (grammar_row.py), one per row: `fill_mask(row)` writes the
+  tokens allowed next into a row of a bitmask, `accept(token)` advances it, `is_terminated()`
+  says nothing but an end token can follow. It ends the JSON within `budget` tokens.
+- `new_bitmask`, `fill_masks` and `apply_masks` (grammar_mask.py): one int32 bitmask for all
+  rows, filled on the host (llguidance's threads, the GIL released), applied to the logits
+  in one op; rows without a grammar keep all their tokens.
+- `check_schema` (grammar_schema.py, no torch): the API's check of a schema, before queueing.
+
+Why llguidance (benchmarks/grammar_cost.py measures the three maintained libraries): xgrammar
+fills a mask in about half llguidance's time, but it requires torch and triton, and the API,
+which must compile a schema to refuse it, installs without torch (its image checks so);
+outlines-core compiles a regular expression, so it has no grammar for JSON mode's nesting, and
+its compile and mask grow with the vocabulary. llguidance has no dependencies and compiles
+lazily (a matcher costs about a millisecond, a copy of one 2 us), and its masks cost 5-16 us a
+token on the project's tokenizers: well under a decode step.
+"""
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+import llguidance.hf
+
+from services.worker.engine.grammar_close import close
+from services.worker.engine.grammar_schema import (
+    JSON_OBJECT,
+    MAX_SHORTEST_BYTES,
+    canonical,
+    check_schema,
+    grammar_of,
+)
+
+__all__ = ["Grammar", "GrammarCache", "GrammarTokenizer", "check_schema"]
+
+
+class GrammarTokenizer:
+    """A model's tokenizer as llguidance sees it: its vocabulary as wide as the model's logits,
+    its end tokens, and the token of each single byte (for the closings)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Iterable[int]) -> None:
+        """`tokenizer`: the model's fast Hugging Face tokenizer; `vocab_size`: its logits'
+        width (a model may pad its vocabulary past the tokenizer's)."""
+        self.vocab_size = vocab_size
+        self.eos_ids = frozenset(eos_ids)
+        self.ll = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
+                                               eos_token=sorted(self.eos_ids))
+        self.byte_ids: list[int | None] = [self._byte_id(b) for b in range(256)]
+
+    def _byte_id(self, b: int) -> int | None:
+        ids = self.ll.greedy_tokenize(chr(b)) if b < 0x80 else []
+        if len(ids) == 1 and self.ll.decode_bytes(ids) == bytes((b,)):
+            return ids[0]
+        # Bytes past ASCII: byte-level vocabularies hold each as a token of its own.
+        for t in self.ll.tokenize_bytes(bytes((b,))):
+            if self.ll.decode_bytes([t]) == bytes((b,)):
+                return t
+        return None
+
+    def tokens(self, data: bytes) -> list[int]:
+        """`data` as this tokenizer writes it."""
+        return list(self.ll.tokenize_bytes(data))
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled grammar: a matcher at its start, which each row copies, and the tokens of the
+    shortest output the closing search finds from there."""
+
+    key: str
+    tokenizer: GrammarTokenizer
+    start: llguidance.LLMatcher
+    shortest: tuple[int, ...]
+
+    @property
+    def min_tokens(self) -> int:
+        """The fewest tokens a row under this grammar needs to end valid (`shortest`): a
+        budget below it ends cut off."""
+        return len(self.shortest)
+
+
+class GrammarCache:
+    """Compiled grammars of one model's tokenizer, by schema."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Iterable[int],
+                 capacity: int = 256) -> None:
+        self.tokenizer = GrammarTokenizer(tokenizer, vocab_size, eos_ids)
+        self.capacity = capacity
+        self.hits = 0
+        self.misses = 0
+        self._grammars: OrderedDict[str, Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, schema: dict[str, Any] | None) -> Grammar:
+        """The grammar of `schema`, or of JSON mode (any object) for None. Raises InvalidInput
+        (grammar_schema.check_schema) for a schema that cannot be decoded."""
+        if schema is None:
+            schema = JSON_OBJECT
+        key = canonical(schema)
+        with self._lock:
+            found = self._grammars.get(key)
+            if found is not None:
+                self._grammars.move_to_end(key)
+                self.hits += 1
+                return found
+        grammar = self._compile(key, schema)
+        with self._lock:
+            self.misses += 1
+            self._grammars[key] = grammar
+            while len(self._grammars) > self.capacity:
+                self._grammars.popitem(last=False)
+        return grammar
+
+    def _compile(self, key: str, schema: dict[str, Any]) -> Grammar:
+        check_schema(schema)
+        tok = self.tokenizer
+        start = llguidance.LLMatcher(tok.ll, grammar_of(schema), log_level=0)
+        closing = close(start.deep_copy(), tok.byte_ids, b"", MAX_SHORTEST_BYTES)
+        assert closing is not None, "check_schema refuses a schema with no short instance"
+        return Grammar(key, tok, start, tuple(closing_tokens(start, tok, closing)))
+
+
+def closing_tokens(matcher: llguidance.LLMatcher, tok: GrammarTokenizer,
+                   closing: bytes) -> list[int]:
+    """`closing` as tokens `matcher` takes from its state: as the tokenizer writes it, or byte
+    by byte where the grammar refuses that tokenization (the grammar reads bytes, so the
+    single bytes always fit)."""
+    ids = tok.tokens(closing)
+    if matcher.validate_tokens(ids) == len(ids):
+        return ids
+    return [t for t in (tok.byte_ids[b] for b in closing) if t is not None]
