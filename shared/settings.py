@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     worker_models: str = ""  # comma-separated; empty serves every model in the registry
     worker_heartbeat_ttl_seconds: float = Field(15.0, gt=0)
     worker_metrics_port: int = 9100
+    # The address the worker's /metrics listens on: every interface (Prometheus scrapes the
+    # pod); `make run` gives it the API's host.
+    worker_metrics_host: str = "0.0.0.0"
+    # Where each worker writes the port its /metrics is bound to (`<device index>.port`): a
+    # free one when the configured port is taken. `make run` sets it and prints the ports.
+    worker_metrics_port_dir: str = ""
     # Graceful drain at SIGTERM: a worker stops taking sub-requests and finishes the ones it
     # holds; past this many seconds it stops them and hands them back to their queue.
     # Size it above the longest sub-request (twice: a worker holds a running batch and the

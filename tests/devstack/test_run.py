@@ -1,6 +1,7 @@
 """`make run` (services/devstack/run.py) as a newcomer starts it: local-only by default and
-saying so, the worker metrics address it really uses, a quiet start, and a second run on the
-same state refused instead of taking the first one over."""
+saying so, the worker metrics address it really uses, a quiet start, a second run on the
+same state refused instead of taking the first one over, and a Ctrl-C that says what it waits
+for, with a second one that stops at once and loses no job."""
 
 import json
 import os
@@ -60,20 +61,41 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 180
     raise AssertionError(f"no {text!r} within {timeout}s:\n{log.read_text()}")
 
 
+def _redis_port(banner: str) -> str:
+    line = next(x for x in banner.splitlines() if x.startswith("Redis:"))
+    return line.split("redis://127.0.0.1:", 1)[1].split("/", 1)[0]
+
+
 def test_a_local_run_is_local_says_so_starts_quietly_and_refuses_a_second_run(
         runner_env, tmp_path):
     api_port = int(runner_env["FIBERMILL_API_PORT"])
-    metrics_port = runner_env["FIBERMILL_WORKER_METRICS_PORT"]
     log = tmp_path / "first.log"
-    first = _start(runner_env, log)
+    # The configured worker metrics port is taken (another stack's worker, say): the worker
+    # takes a free one and the banner prints that one.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", int(runner_env["FIBERMILL_WORKER_METRICS_PORT"])))
+        taken.listen()
+        first = _start(runner_env, log)
+        try:
+            banner = _wait_for(log, READY, first)
+        except BaseException:
+            first.kill()
+            raise
     try:
-        banner = _wait_for(log, READY, first)
         assert _listening_addresses(api_port) == {"127.0.0.1"}
         assert "listening on 127.0.0.1 only" in banner
         assert "API keys: off" in banner
         assert "webhooks to private addresses: allowed" in banner
-        assert f"worker metrics: http://127.0.0.1:{metrics_port}/metrics" in banner
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        # The CLI calls :8000 unless told: this stack is on another port.
+        assert f"export FIBERMILL_URL=http://127.0.0.1:{api_port}" in banner
+        # The Redis this stack uses, not the one on 6379.
+        assert (f"redis-cli -p {_redis_port(banner)} GET fm:webhook_secret" in banner)
+        metrics_url = banner.split("worker metrics: ", 1)[1].split()[0]
+        metrics_port = int(metrics_url.split(":")[2].split("/")[0])
+        assert metrics_url == f"http://127.0.0.1:{metrics_port}/metrics"
+        assert metrics_port != int(runner_env["FIBERMILL_WORKER_METRICS_PORT"])
+        assert _listening_addresses(metrics_port) == {"127.0.0.1"}  # as the API: loopback
+        with urllib.request.urlopen(metrics_url, timeout=5) as r:
             assert b"fibermill_" in r.read()
         assert [n for n in NOISE if n in banner] == []
         job = urllib.request.Request(
@@ -92,11 +114,91 @@ def test_a_local_run_is_local_says_so_starts_quietly_and_refuses_a_second_run(
         with urllib.request.urlopen(f"http://127.0.0.1:{api_port}/readyz", timeout=5) as r:
             assert r.status == 200  # the first run is untouched
     finally:
+        groups = _groups(runner_env)
         first.send_signal(signal.SIGINT)
         assert first.wait(timeout=90) == 0
+    assert [g for g in groups if _group_alive(g)] == []  # everything it started has stopped
     stopped = log.read_text()
-    assert stopped.count("stopping...") == 1
+    assert stopped.count("stopping: no job is running; press Ctrl-C again to stop now") == 1
     assert [n for n in NOISE if n in stopped] == []
+
+
+def _call(url: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(url, method="POST" if body else "GET",
+                                 headers={"Content-Type": "application/json"},
+                                 data=json.dumps(body).encode() if body else None)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left, after a moment for the init process to reap
+    what it inherited (a worker whose launcher was killed)."""
+    deadline = time.monotonic() + 3
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
+
+
+def _groups(env: dict[str, str]) -> list[int]:
+    """The process groups the runner started (each child leads its own): Redis, the API, and
+    the worker launcher with its workers."""
+    return [int(p.read_text()) for p in Path(env["FIBERMILL_RUN_DIR"]).glob("*.pid")]
+
+
+# A digits job of one image at many steps: still running when the runner is stopped.
+LONG_JOB = {"model": "digits", "input": {"prompts": ["3"], "steps": 150, "seed": 1}}
+
+
+def test_ctrl_c_says_what_it_waits_for_and_twice_stops_at_once_losing_no_job(
+        runner_env, tmp_path):
+    env = {**runner_env, "FIBERMILL_WORKER_MODELS": "digits"}
+    base = f"http://127.0.0.1:{env['FIBERMILL_API_PORT']}"
+    log = tmp_path / "first.log"
+    first = _start(env, log)
+    try:
+        _wait_for(log, READY, first)
+        groups = _groups(env)
+        job_id = _call(f"{base}/v1/jobs", LONG_JOB)["id"]
+        deadline = time.monotonic() + 60
+        while _call(f"{base}/v1/jobs/{job_id}")["status"] != "running":
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.1)
+
+        first.send_signal(signal.SIGINT)
+        _wait_for(log, "press Ctrl-C again", first, timeout=10)
+        t0 = time.monotonic()
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=10) == 0
+        took = time.monotonic() - t0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    stopped = log.read_text()
+    assert ("stopping: waiting up to 25 s for 1 running job on worker cpu0 to finish or be "
+            "handed back; press Ctrl-C again to stop now") in stopped
+    assert "stopped at once" in stopped
+    assert took < 5, stopped
+    assert [g for g in groups if _group_alive(g)] == []  # the launcher and its workers too
+
+    second_log = tmp_path / "second.log"
+    second = _start(env, second_log)
+    try:
+        _wait_for(second_log, READY, second)
+        deadline = time.monotonic() + 150
+        while (job := _call(f"{base}/v1/jobs/{job_id}"))["status"] != "succeeded":
+            assert job["status"] in ("queued", "running"), job
+            assert time.monotonic() < deadline, job
+            time.sleep(0.5)
+    finally:
+        second.send_signal(signal.SIGINT)
+        second.wait(timeout=90)
 
 
 def test_opened_to_the_network_it_says_who_can_reach_it():
@@ -108,6 +210,26 @@ def test_opened_to_the_network_it_says_who_can_reach_it():
     assert lines[1].startswith("API keys: OFF - anyone who reaches the port can submit jobs")
     assert lines[2] == "webhooks to private addresses: refused"
     assert exposure("0.0.0.0", Settings(api_keys="a,b"))[1] == "API keys: on (2 keys)"
+
+
+def test_the_banner_hints_are_true_for_this_stack():
+    from services.devstack.run import cli_hint, url_host, webhook_secret_hint
+    from shared.settings import Settings
+
+    assert cli_hint("http://127.0.0.1:8000") is None  # the CLI's default
+    assert (cli_hint("http://127.0.0.1:8001") or "").startswith(
+        "export FIBERMILL_URL=http://127.0.0.1:8001")
+    assert url_host("0.0.0.0") == "127.0.0.1" and url_host("::1") == "[::1]"
+    base, cli = "http://127.0.0.1:8001", "redis-cli -p 23456"
+    open_api = webhook_secret_hint(Settings(api_keys="", webhook_secret=None), base, cli)
+    assert "curl -s http://127.0.0.1:8001/v1/webhook-secret" in open_api
+    assert "redis-cli -p 23456 GET fm:webhook_secret" in open_api
+    # With API keys each key has its own secrets (services/api/webhooks/keyring.py), which
+    # fm:webhook_secret is not.
+    keyed = webhook_secret_hint(Settings(api_keys="k1"), base, cli)
+    assert "fm:webhook_secret" not in keyed and "Authorization: Bearer <key>" in keyed
+    assert "FIBERMILL_WEBHOOK_SECRET" in webhook_secret_hint(
+        Settings(api_keys="", webhook_secret="whsec_" + "A" * 32), base, cli)
 
 
 # The free-port probe -------------------------------------------------------------------------
