@@ -44,6 +44,8 @@ from services.worker.engine.grammar_schema import (
 
 __all__ = ["Grammar", "GrammarCache", "GrammarTokenizer", "check_schema"]
 
+TOKENIZED_KEPT = 4096  # closings kept tokenized, per model
+
 
 class GrammarTokenizer:
     """A model's tokenizer as llguidance sees it: its vocabulary as wide as the model's logits,
@@ -57,6 +59,9 @@ class GrammarTokenizer:
         self.ll = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
                                                eos_token=sorted(self.eos_ids))
         self.byte_ids: list[int | None] = [self._byte_id(b) for b in range(256)]
+        # Closings repeat (the tail of a schema's object, the brackets of a nesting), and
+        # tokenizing one costs ~50 us: they are kept, forgotten all at once when too many.
+        self._tokens: dict[bytes, tuple[int, ...]] = {}
 
     def _byte_id(self, b: int) -> int | None:
         ids = self.ll.greedy_tokenize(chr(b)) if b < 0x80 else []
@@ -70,7 +75,12 @@ class GrammarTokenizer:
 
     def tokens(self, data: bytes) -> list[int]:
         """`data` as this tokenizer writes it."""
-        return list(self.ll.tokenize_bytes(data))
+        found = self._tokens.get(data)
+        if found is None:
+            if len(self._tokens) >= TOKENIZED_KEPT:
+                self._tokens = {}
+            found = self._tokens[data] = tuple(self.ll.tokenize_bytes(data))
+        return list(found)
 
 
 @dataclass(frozen=True)

@@ -71,12 +71,23 @@ def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set to -inf, in place, every logit whose token `bitmask` does not allow: `logits` is
     (rows, vocab) on any device, `bitmask` (rows, words) int32 on the same device. Rows whose
     words are all ones are left as they were."""
-    rows, vocab = logits.shape
     if logits.device.type == "cpu":
-        bits = np.unpackbits(np.invert(bitmask.numpy()).view(np.uint8), axis=-1,
-                             bitorder="little")[:, :vocab]
-        logits.masked_fill_(torch.from_numpy(bits.view(np.bool_)), float("-inf"))
-        return
+        unpacked(logits, bitmask)
+    else:
+        shifted(logits, bitmask)
+
+
+def unpacked(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """`apply_masks` on the CPU: numpy unpacks the inverted words into a bool per token."""
+    vocab = logits.shape[1]
+    bits = np.unpackbits(np.invert(bitmask.numpy()).view(np.uint8), axis=-1,
+                         bitorder="little")[:, :vocab]
+    logits.masked_fill_(torch.from_numpy(bits.view(np.bool_)), float("-inf"))
+
+
+def shifted(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """`apply_masks` on an accelerator: each word shifted by 0..31, on the device."""
+    rows, vocab = logits.shape
     shifts = _SHIFTS.get(logits.device)
     if shifts is None:
         shifts = _SHIFTS[logits.device] = torch.arange(32, dtype=torch.int32,

@@ -5,6 +5,7 @@ The logits are seeded random numbers over the real tokenizers' vocabularies (a r
 model, the honest test), picked greedily and sampled through the decoder's own `pick`."""
 
 import json
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -13,7 +14,13 @@ import pytest
 import torch
 
 from services.worker.engine.grammar import GrammarCache, check_schema
-from services.worker.engine.grammar_mask import apply_masks, fill_masks, new_bitmask
+from services.worker.engine.grammar_mask import (
+    apply_masks,
+    fill_masks,
+    new_bitmask,
+    shifted,
+    unpacked,
+)
 from services.worker.engine.grammar_row import RowMatcher
 from services.worker.engine.text_sampling import N_PARAMS, params_of, pick
 from shared.errors import InvalidInput
@@ -195,7 +202,8 @@ def test_rows_without_a_grammar_keep_their_logits() -> None:
         assert torch.equal(logits[i][sorted(kept)], before[i][sorted(kept)])
 
 
-def test_apply_masks_is_the_bits_one_by_one() -> None:
+@pytest.mark.parametrize("way", [unpacked, shifted], ids=["cpu", "accelerator"])
+def test_applying_a_bitmask_is_its_bits_one_by_one(way: Callable[..., None]) -> None:
     gen = torch.Generator().manual_seed(1)
     vocab = 1000  # not a multiple of 32: the last word's high bits are past the vocabulary
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, (vocab + 31) // 32), generator=gen,
@@ -206,7 +214,7 @@ def test_apply_masks_is_the_bits_one_by_one() -> None:
         for t in range(vocab):
             if not (int(bitmask[r, t >> 5]) >> (t & 31)) & 1:
                 expected[r, t] = float("-inf")
-    apply_masks(logits, bitmask)
+    way(logits, bitmask)
     assert torch.equal(logits, expected)
 
 
