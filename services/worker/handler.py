@@ -45,7 +45,8 @@ def _generated(result: TextResult | ImageResult) -> Generated:
         image = GeneratedImage(seed=result.seed, width=result.width, height=result.height)
         return image, result.png
     text = GeneratedText(text=result.text, finish_reason=result.finish_reason,
-                         tokens=result.tokens, prompt_tokens=result.prompt_tokens)
+                         tokens=result.tokens, prompt_tokens=result.prompt_tokens,
+                         logprobs=result.logprobs)
     return text, None
 
 

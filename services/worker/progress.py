@@ -71,6 +71,7 @@ class TextPublisher:
         item = flight.sub.item
         self.every_read = isinstance(item, TextItem) and item.stream
         self.sent = 0  # characters published so far
+        self.scored = 0  # tokens whose log-probabilities were published so far
         self.last_sent = time.monotonic()
         self.final: str | None = None  # the encoded final event, once the row has ended
         self._handed = False  # some event went to the outbox
@@ -89,10 +90,15 @@ class TextPublisher:
         text = update.text()
         if len(text) <= self.sent and not final:
             return
+        logprobs = None
+        if update.logprobs is not None:
+            logprobs = update.logprobs[self.scored:]
+            self.scored = len(update.logprobs)
         data = OutputData(index=self.flight.sub.index, text=text[self.sent:], offset=self.sent,
                           tokens=update.tokens,
                           finish_reason=update.finish_reason,
-                          prompt_tokens=update.prompt_tokens if final else None)
+                          prompt_tokens=update.prompt_tokens if final else None,
+                          logprobs=logprobs)
         self.sent, self.last_sent = len(text), now
         if final:
             self.final = OutputEvent(data=data).encode()

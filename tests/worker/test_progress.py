@@ -213,3 +213,19 @@ async def test_decoded_rows_publish_texts_that_add_up(aredis, pipeline: CausalLM
     streamed = [d for d in got if d.index == 0]
     assert len(streamed) + 1 == reads  # every read made new text here; the last is the final
     assert len([d for d in got if d.index == 1]) <= len(streamed)  # throttled, never more
+
+
+async def test_streamed_log_probabilities_add_up_to_the_results(
+        aredis, pipeline: CausalLMTextPipeline):
+    publisher = _publisher(aredis)
+    item = TextItem(prompt="Hello", max_new_tokens=30, stream=True, logprobs=1)
+    flight = InFlight(SubRequest(job_id="j1", index=0, model="tiny-gpt2", item=item),
+                      time.time() + 60)
+    hook = publisher.text_hook(flight)
+    async with Channel(aredis) as channel:
+        result = await engine_for(pipeline).submit(item, Ticket(on_text=hook))
+        await hook.flushed()
+        got = await channel.heard(0.3)
+    events = [*got, _final(hook)]
+    assert len(got) >= 2  # streamed over several reads
+    assert [e for d in events for e in d.logprobs or []] == result.logprobs

@@ -53,10 +53,10 @@ from services.worker.engine.settle import settle
 from services.worker.engine.start import OnStart, announce_start
 from services.worker.engine.stopped import PipelineStopped
 from services.worker.engine.text_cache import PAGE_TOKENS, pages_for
-from services.worker.engine.text_rows import Sequence
+from services.worker.engine.text_rows import Score, Sequence
 from services.worker.engine.text_sampling import N_PARAMS, params_of, pick, uniforms_of
 from services.worker.engine.text_stream import OnText, TextUpdate
-from shared.messages import FinishReason
+from shared.messages import MAX_TOP_LOGPROBS, FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,16 @@ class Decoder:
         self.tokens_host = sync.pinned((STEPS_PER_READ + 1, slots), torch.long, device)
         # Key positions of a decode step's window: a row attends to those up to its own.
         self.window = torch.arange(self.cache.row_pages * PAGE_TOKENS, device=device)
+        # An iteration with a row that asked for log-probabilities reads, in place of the
+        # tokens, each step's and row's token, its log-probability and the alternatives' ids
+        # and log-probabilities, in one float64 tensor (token ids are exact in it): still
+        # one host read.
+        width = 2 + 2 * MAX_TOP_LOGPROBS
+        self.scores = torch.zeros((STEPS_PER_READ + 1, slots, width), dtype=torch.float64,
+                                  device=device)
+        self.scores_host = sync.pinned((STEPS_PER_READ + 1, slots, width), torch.float64,
+                                       device)
+        self.scoring: int | None = None  # alternatives this iteration scores; None: none
 
     # Event loop side -----------------------------------------------------------------------
 
@@ -277,6 +287,9 @@ class Decoder:
     # Device thread side ----------------------------------------------------------------------
 
     def _iterate(self, admit: list[Waiting]) -> list[Settle]:
+        asked = [k for k in [r.row.item.logprobs for r in self.running]
+                 + [w.item.logprobs for w in admit] if k is not None]
+        self.scoring = max(asked) if asked else None
         with torch.inference_mode():
             settles = self._admit(admit)
             # Never past the smallest budget left: a row at its budget retires first.
@@ -500,6 +513,8 @@ class Decoder:
         first = pick(logits.float(), self.params[:, slots],
                      self.uniforms[slots].gather(1, made[:, None])[:, 0], sampled)
         self.tokens[0, slots] = first
+        if self.scoring is not None:
+            self._score(0, slots, logits, first)
         self.next_ids[slots] = first
         self.positions[slots] = positions[:, -1] + 1
         self.made[slots] += 1
@@ -538,6 +553,8 @@ class Decoder:
         uniform = self.uniforms[:n].gather(1, self.made[:n, None])[:, 0] if sampled else None
         nxt = pick(logits.float(), self.params[:, :n], uniform, sampled)
         self.tokens[step, :n] = nxt
+        if self.scoring is not None:
+            self._score(step, slice(0, n), logits, nxt)
         self.next_ids[:n] = nxt
         self.positions[:n] += 1
         self.made[:n] += 1
@@ -545,20 +562,42 @@ class Decoder:
             r.columns += 1
             r.fed += 1
 
+    def _score(self, step: int, rows: slice, logits: torch.Tensor, chosen: torch.Tensor) -> None:
+        """Step `step`'s log-probabilities of `rows`' tokens `chosen`, under the model (before
+        temperature and filters), and of the `scoring` most likely."""
+        out = self.scores[step, rows]
+        logprobs = logits.float().log_softmax(dim=-1)
+        out[:, 0] = chosen
+        out[:, 1] = logprobs.gather(1, chosen[:, None])[:, 0]
+        if k := self.scoring:
+            values, ids = logprobs.topk(k, dim=-1)
+            out[:, 2:2 + k] = ids
+            out[:, 2 + MAX_TOP_LOGPROBS:2 + MAX_TOP_LOGPROBS + k] = values
+
     def _read(self, steps: int) -> None:
         """The iteration's one host read: the tokens made, then each row's rules."""
         n = len(self.running)
         first = 0 if any(r.new for r in self.running) else 1
-        host = sync.to_host(self.tokens[first:steps + 1, :n],
-                            self.tokens_host[first:steps + 1, :n], self.p.spec.name)
-        columns = host.tolist()
+        scored: list[list[list[float]]] | None = None
+        if self.scoring is None:
+            host = sync.to_host(self.tokens[first:steps + 1, :n],
+                                self.tokens_host[first:steps + 1, :n], self.p.spec.name)
+            columns = host.tolist()
+        else:
+            scored = sync.to_host(self.scores[first:steps + 1, :n],
+                                  self.scores_host[first:steps + 1, :n], self.p.spec.name).tolist()
+            columns = [[int(row[0]) for row in step] for step in scored]
         for slot, r in enumerate(self.running):
-            made = [row[slot] for row in columns[(0 if r.new else 1) - first:]]
+            start = (0 if r.new else 1) - first
+            made = [row[slot] for row in columns[start:]]
             if r.stopped_at is not None:  # what it made after the stop is not its own
                 made = made[:max(0, r.stopped_at - r.seq.tokens)]
             r.fed = 0
-            for token in made:
-                if r.seq.push(token, self.p):
+            asked = r.row.item.logprobs
+            for j, token in enumerate(made):
+                score = None if scored is None or asked is None else \
+                    _score_of(scored[start + j][slot], asked)
+                if r.seq.push(token, self.p, score):
                     break
             if made and not r.stopped and (hook := r.waiting.on_text) is not None:
                 self._tell(r, hook)
@@ -567,7 +606,8 @@ class Decoder:
         """Hand a row's hook its state; the hook decodes only if it asks for the text."""
         seq = r.seq
         update = TextUpdate(tokens=seq.tokens, prompt_tokens=len(r.row.prompt),
-                            finish_reason=seq.finish_reason, text=lambda: seq.stream_text(self.p))
+                            finish_reason=seq.finish_reason, text=lambda: seq.stream_text(self.p),
+                            logprobs=seq.logprobs)
         try:
             hook(update)
         except Exception:  # its output events are best effort; its row goes on
@@ -601,6 +641,12 @@ class Decoder:
         for t in (self.next_ids, self.positions, self.made, self.uniforms):
             t[dst] = t[src]
         self.params[:, dst] = self.params[:, src]
+
+
+def _score_of(row: list[float], alternatives: int) -> Score:
+    """A read scores row as (log-probability, [(id, log-probability)] of `alternatives`)."""
+    top = MAX_TOP_LOGPROBS + 2
+    return row[1], [(int(row[2 + t]), row[top + t]) for t in range(alternatives)]
 
 
 def _leading(digests: list[bytes], known: set[bytes]) -> int:

@@ -66,6 +66,9 @@ class StepModel(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def spell(self, token: int) -> tuple[str, bytes]:
+        """One token's text alone, and its bytes (log-probability entries)."""
+
     def observe(self, phase: str, seconds: float) -> None:
         """Time one phase of its work."""
 

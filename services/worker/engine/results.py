@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from shared.messages import FinishReason
+from shared.messages import FinishReason, TokenLogprob
 
 
 @dataclass
@@ -11,6 +11,7 @@ class TextResult:
     finish_reason: FinishReason
     tokens: int  # number of generated tokens
     prompt_tokens: int | None = None  # prompt ids the model read (after truncation)
+    logprobs: list[TokenLogprob] | None = None  # when its item asked for them
 
 
 @dataclass

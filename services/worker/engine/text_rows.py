@@ -5,7 +5,7 @@ from typing import Protocol
 
 from services.worker.engine.results import TextResult
 from services.worker.engine.text_stream import holdback, publishable
-from shared.messages import FinishReason, TextItem
+from shared.messages import FinishReason, TextItem, TokenLogprob, TopLogprob
 
 
 class Detokenizer(Protocol):
@@ -13,6 +13,12 @@ class Detokenizer(Protocol):
     def eos_ids(self) -> frozenset[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+    def spell(self, token: int) -> tuple[str, bytes]: ...
+
+
+# A token's log-probability and its alternatives' (id, log-probability), most likely first.
+Score = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass
@@ -34,8 +40,14 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: FinishReason | None = None
+    # Each token's log-probability, when the item asked for them.
+    logprobs: list[TokenLogprob] | None = None
     # The continuation decoded at a token count: the stop check and the stream share it.
     _decoded: tuple[int, str] = field(default=(0, ""), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.item.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
 
     @property
     def tokens(self) -> int:
@@ -45,9 +57,12 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def push(self, token: int, model: Detokenizer) -> bool:
-        """Record a generated token; True when the item is finished."""
+    def push(self, token: int, model: Detokenizer, score: Score | None = None) -> bool:
+        """Record a generated token (and its log-probability, if the item asked); True when
+        the item is finished."""
         self.generated.append(token)
+        if self.logprobs is not None and score is not None:
+            self.logprobs.append(_entry(model, token, score))
         if token in model.eos_ids:
             return self._finish(FinishReason.STOP, model.decode(self.generated[:-1]))
         if self.item.stop:
@@ -82,4 +97,16 @@ class Sequence:
     def result(self) -> TextResult:
         assert self.finish_reason is not None, "only a finished sequence has a result"
         return TextResult(text=self.text, finish_reason=self.finish_reason, tokens=self.tokens,
-                          prompt_tokens=self.prompt_tokens)
+                          prompt_tokens=self.prompt_tokens, logprobs=self.logprobs)
+
+
+def _entry(model: Detokenizer, token: int, score: Score) -> TokenLogprob:
+    logprob, top = score
+
+    def spelled(t: int, lp: float) -> TopLogprob:
+        text, raw = model.spell(t)
+        return TopLogprob(token=text, bytes=list(raw), logprob=lp)
+
+    chosen = spelled(token, logprob)
+    return TokenLogprob(token=chosen.token, bytes=chosen.bytes, logprob=logprob,
+                        top_logprobs=[spelled(t, lp) for t, lp in top])

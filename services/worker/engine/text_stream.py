@@ -11,7 +11,7 @@ decoding being prefix-stable, as byte-level BPE without `clean_up_tokenization_s
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.messages import FinishReason
+from shared.messages import FinishReason, TokenLogprob
 
 INCOMPLETE = "\ufffd"
 
@@ -39,6 +39,9 @@ class TextUpdate:
     # The text that may be published so far; it decodes when called, so a hook that publishes
     # only now and then costs no decoding in between.
     text: Callable[[], str]
+    # Every generated token's log-probability so far, when its item asked for them (the
+    # row's own list, read on the device thread that appends to it).
+    logprobs: list[TokenLogprob] | None = None
 
 
 OnText = Callable[[TextUpdate], None]

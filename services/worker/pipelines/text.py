@@ -22,6 +22,7 @@ from services.worker.engine.text_rows import Row
 from services.worker.pipelines.base import Pipeline
 from services.worker.pipelines.text_gpt2 import GPT2Forward, fits
 from services.worker.pipelines.text_masks import layer_masks
+from services.worker.pipelines.token_bytes import TokenSpeller
 from shared.errors import ContextLengthExceeded
 from shared.messages import TextItem
 from shared.model_files import context_length
@@ -57,6 +58,7 @@ class CausalLMTextPipeline(Pipeline):
         self.context: int = context_length(self.spec) or self.max_positions or DEFAULT_CACHE_LEN
         # Tokenizing may touch the tokenizer's settings; callers on two threads must not mix.
         self._encode_lock = threading.Lock()
+        self._speller = TokenSpeller(tokenizer)
 
     def prepare(self) -> None:
         """Nothing: the KV cache belongs to the decoder that runs the model, which allocates
@@ -126,6 +128,11 @@ class CausalLMTextPipeline(Pipeline):
     def decode(self, ids: list[int]) -> str:
         # One sequence of ids decodes to one string (a batch of them, to a list).
         return cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def spell(self, token: int) -> tuple[str, bytes]:
+        """One token's text alone, and its bytes."""
+        with self._encode_lock:
+            return self._speller.of(token)
 
 
 def _eos_ids(tokenizer, model) -> frozenset[int]:
