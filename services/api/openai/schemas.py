@@ -7,9 +7,20 @@ Defaults are OpenAI's, not Fibermill's: sampling at temperature 1, 16 tokens for
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from shared.inputs import MAX_STOP_CHARS, Seed
+from shared.messages import MAX_TOP_LOGPROBS
+
+# OpenAI's legacy limit on a completion's `logprobs` (its chat's `top_logprobs` goes to 20).
+MAX_COMPLETION_LOGPROBS = 5
 
 Stop = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
 
@@ -102,7 +113,11 @@ class ChatCompletionRequest(_TextRequest):
                                    "model's default when absent")
     max_completion_tokens: int | None = Field(None, ge=1, description="As max_tokens "
                                               "(OpenAI's newer name); it wins when both are set")
-    logprobs: bool = Field(False, description="Only false is supported")
+    logprobs: bool = Field(False, description="Return each generated token's "
+                           "log-probability (in `choices[i].logprobs.content`)")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "With each token, this many of the most likely tokens at its place; needs "
+        "`logprobs: true`"))
     response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}')
     tools: list[Any] | None = Field(None, description="Not supported (only empty)")
     tool_choice: Any = Field(None, description='Not supported (only "none")')
@@ -113,11 +128,19 @@ class ChatCompletionRequest(_TextRequest):
     metadata: dict[str, str] | None = Field(None, description="Accepted, not recorded")
     service_tier: str | None = Field(None, description="Only auto or default")
 
-    @field_validator("logprobs", "store")
+    @field_validator("store")
     @classmethod
     def _not_true(cls, value: bool) -> bool:
         if value:
             raise _unsupported("only false")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # As OpenAI: alternatives without the chosen tokens' log-probabilities are refused.
+        if value is not None and info.data.get("logprobs") is not True:
+            raise ValueError("needs logprobs to be true")
         return value
 
     @field_validator("tools", "functions")
@@ -152,6 +175,11 @@ class ChatCompletionRequest(_TextRequest):
     def budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def alternatives(self) -> int | None:
+        """The job input's `logprobs`: None when none are asked."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_TextRequest):
     prompt: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
@@ -159,7 +187,9 @@ class CompletionRequest(_TextRequest):
     max_tokens: int | None = Field(16, ge=1, description="Tokens to generate at most")
     echo: bool = Field(False, description="Start each choice's text with its prompt")
     best_of: int | None = Field(None, description="Only 1 is supported")
-    logprobs: int | None = Field(None, description="Only null is supported")
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS, description=(
+        "Return each generated token's log-probability, with this many of the most likely "
+        "tokens at its place (0: the chosen token's only); null: none"))
     suffix: str | None = Field(None, description="Not supported (only empty)")
 
     @field_validator("prompt", mode="before")
@@ -174,19 +204,17 @@ class CompletionRequest(_TextRequest):
             raise _unsupported("only 1")
         return value
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value is not None:
-            raise _unsupported("only null")
-        return value
-
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, value: str | None) -> str | None:
         if value:
             raise _unsupported("the models served here do not insert text")
         return value
+
+    @property
+    def alternatives(self) -> int | None:
+        """The job input's `logprobs`: None when none are asked."""
+        return self.logprobs
 
 
 class ImageGenerationRequest(_Request):

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from services.api.openai import logprobs
 from services.api.openai.chat_template import render_chat
 from services.api.openai.errors import error_body
 from services.api.openai.schemas import (
@@ -69,13 +70,15 @@ def job_request(req: OpenAIRequest, registry: ModelRegistry,
                                  special_tokens(spec))
             prompts, budget = [prompt] * req.n, req.budget
             budget_field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-            names = {"prompts": "messages"}
+            names = {"prompts": "messages", "logprobs": "top_logprobs"}
         else:
             prompts = [p for p in req.prompt for _ in range(req.n)]
             budget, budget_field = req.max_tokens, "max_tokens"
-            names = {"prompts": "prompt"}
+            names = {"prompts": "prompt", "logprobs": "logprobs"}
         inp = {"prompts": prompts, "max_new_tokens": budget, "temperature": req.temperature,
                "top_p": req.top_p, "stop": req.stop, "seed": req.seed, "stream": req.stream}
+        if req.alternatives is not None:
+            inp["logprobs"] = req.alternatives
         names |= {"max_new_tokens": budget_field, "temperature": "temperature",
                   "top_p": "top_p", "stop": "stop", "seed": "seed"}
     try:
@@ -158,14 +161,33 @@ def text_response(req: ChatCompletionRequest | CompletionRequest,
     if isinstance(req, ChatCompletionRequest):
         choices = [{"index": i, "message": {"role": "assistant", "content": o.get("text", ""),
                                             "refusal": None},
-                    "logprobs": None, "finish_reason": o.get("finish_reason")}
+                    "logprobs": choice_logprobs(req, i, o.get("logprobs")),
+                    "finish_reason": o.get("finish_reason")}
                    for i, o in enumerate(outputs)]
         return {**common, "object": "chat.completion", "choices": choices}
-    prompts = req.prompt
-    choices = [{"index": i, "text": (prompts[i // req.n] if req.echo else "") + o.get("text", ""),
-                "logprobs": None, "finish_reason": o.get("finish_reason")}
+    choices = [{"index": i, "text": echoed(req, i) + o.get("text", ""),
+                "logprobs": choice_logprobs(req, i, o.get("logprobs")),
+                "finish_reason": o.get("finish_reason")}
                for i, o in enumerate(outputs)]
     return {**common, "object": "text_completion", "choices": choices}
+
+
+def echoed(req: CompletionRequest, index: int) -> str:
+    """What choice `index`'s text starts with: its prompt when `echo` is on."""
+    return req.prompt[index // req.n] if req.echo else ""
+
+
+def choice_logprobs(req: ChatCompletionRequest | CompletionRequest, index: int,
+                    raw: list[Any] | None) -> dict[str, Any] | None:
+    """Choice `index`'s `logprobs` from its output's; null when none were asked (or the output
+    has none). A completion's offsets count from the start of the choice's text, so past its
+    echoed prompt; the prompt's own tokens have none (only generated tokens are scored)."""
+    tokens = logprobs.entries(raw)
+    if req.alternatives is None or tokens is None:
+        return None
+    if isinstance(req, ChatCompletionRequest):
+        return logprobs.chat(tokens)
+    return logprobs.completion(tokens, logprobs.TextOffsets(len(echoed(req, index))))
 
 
 def failure(rec: JobRecord) -> tuple[int, dict[str, Any]]:

@@ -57,7 +57,7 @@ def test_problems_name_the_openai_fields(registry):
 
 
 def test_what_cannot_be_honoured_is_refused_by_name(registry):
-    for field, value in [("logprobs", True), ("presence_penalty", 0.5), ("tools", [{}]),
+    for field, value in [("presence_penalty", 0.5), ("tools", [{}]),
                          ("response_format", {"type": "json_object"}), ("store", True)]:
         problems = _problems(CHAT, {"model": "pydoc-gpt2", "messages": MESSAGES,
                                     field: value}, registry)
