@@ -95,6 +95,14 @@ class JobError(BaseModel):
     message: str = Field(description="What went wrong, for a person")
 
 
+class ResponseFormat(BaseModel):
+    """What a text item's output must be (OpenAI's `response_format`): any JSON object, or JSON
+    that validates against `json_schema`; its decoder writes it under a grammar."""
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None  # the schema itself, for `json_schema`
+
+
 class TextItem(BaseModel):
     kind: Literal["text"] = "text"
     prompt: str
@@ -110,6 +118,7 @@ class TextItem(BaseModel):
     # Each generated token's log-probability, and the `logprobs` most likely tokens' beside
     # it (0: the chosen token's only); None: none.
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
 
 
 class ImageItem(BaseModel):

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -43,6 +44,8 @@ from services.worker import metrics
 from services.worker.engine import device_faults, sync
 from services.worker.engine.batch import Batch
 from services.worker.engine.decoder_rows import Running, Settle, Waiting
+from services.worker.engine.grammar_mask import apply_masks, fill_masks, new_bitmask
+from services.worker.engine.grammar_row import RowMatcher
 from services.worker.engine.growth import GrowthEstimate
 from services.worker.engine.model_code import StepModel
 from services.worker.engine.prefix_pages import page_digests
@@ -127,6 +130,10 @@ class Decoder:
         self.scores_host = sync.pinned((STEPS_PER_READ + 1, slots, width), torch.float64,
                                        device)
         self.scoring: int | None = None  # alternatives this iteration scores; None: none
+        # The grammar masks of rows under a `response_format`, filled on a thread of their
+        # own: made with the first such row.
+        self._bitmask: torch.Tensor | None = None
+        self._mask_thread: ThreadPoolExecutor | None = None
 
     # Event loop side -----------------------------------------------------------------------
 
@@ -295,6 +302,11 @@ class Decoder:
             # Never past the smallest budget left: a row at its budget retires first.
             left = [r.left for r in self.running]
             steps = max(0, min(STEPS_PER_READ, *left)) if left else 0
+            if any(r.matcher is not None for r in self.running):
+                # A grammar's next mask needs the row's last token on the host: one step a
+                # read, and none after a prefill that made a constrained row's first token.
+                new = any(r.new and r.matcher is not None for r in self.running)
+                steps = 0 if new else min(steps, 1)
             held = self.cache.pages
             for i, r in enumerate(self.running):  # reserved at admission (`_admit`)
                 if len(held[i]) * PAGE_TOKENS < r.columns + steps:
@@ -412,9 +424,12 @@ class Decoder:
 
     def _started(self, w: Waiting) -> Running:
         row = self.p.start(w.item)
+        fmt = w.item.response_format
         return Running(w, row, Sequence(item=w.item, budget=row.budget,
                                         prompt_tokens=len(row.prompt)),
-                       digests=page_digests(row.prompt, w.cache_scope))
+                       digests=page_digests(row.prompt, w.cache_scope),
+                       matcher=None if fmt is None else RowMatcher(self.p.grammar(fmt),
+                                                                    row.budget))
 
     def _lacking(self) -> int:
         """The pages the running rows lack for their next steps."""
@@ -494,7 +509,8 @@ class Decoder:
             mask = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool,
                                                                  device=device)[None]
             cache.for_prefill(slots, positions, real)
-        logits = p.forward(ids, mask[:, None], positions, cache)
+        masks = self._masks_ahead([r.matcher for r in rows])
+        logits = self._masked(p.forward(ids, mask[:, None], positions, cache).float(), masks)
         for i, r in enumerate(rows):
             cache.register(n + i, r.digests)
             r.shared = []
@@ -510,7 +526,7 @@ class Decoder:
         sampled = any(r.row.item.temperature > 0 for r in rows)
         # A preempted row's draws go on from the tokens it made.
         self.made[slots] = made
-        first = pick(logits.float(), self.params[:, slots],
+        first = pick(logits, self.params[:, slots],
                      self.uniforms[slots].gather(1, made[:, None])[:, 0], sampled)
         self.tokens[0, slots] = first
         if self.scoring is not None:
@@ -547,11 +563,12 @@ class Decoder:
         positions = self.positions[:n]
         mask = self.window[:pages * PAGE_TOKENS] <= positions[:, None]
         cache.for_decode(columns, positions, pages)
-        logits = p.forward(self.next_ids[:n, None], mask[:, None, None], positions[:, None],
-                           cache)
+        masks = self._masks_ahead([r.matcher for r in self.running])
+        logits = self._masked(p.forward(self.next_ids[:n, None], mask[:, None, None],
+                                        positions[:, None], cache).float(), masks)
         sampled = any(r.row.item.temperature > 0 for r in self.running)
         uniform = self.uniforms[:n].gather(1, self.made[:n, None])[:, 0] if sampled else None
-        nxt = pick(logits.float(), self.params[:, :n], uniform, sampled)
+        nxt = pick(logits, self.params[:, :n], uniform, sampled)
         self.tokens[step, :n] = nxt
         if self.scoring is not None:
             self._score(step, slice(0, n), logits, nxt)
@@ -561,6 +578,27 @@ class Decoder:
         for r in self.running:
             r.columns += 1
             r.fed += 1
+
+    def _masks_ahead(self, matchers: list[RowMatcher | None]) -> Future | None:
+        """Start filling the grammar masks of rows under a grammar while the forward runs:
+        llguidance fills them on a thread of its own, with the GIL released."""
+        if all(m is None for m in matchers):
+            return None
+        if self._bitmask is None or self._bitmask.shape[0] < len(matchers):
+            vocab = next(m for m in matchers if m is not None).grammar.tokenizer.vocab_size
+            self._bitmask = new_bitmask(self.slots, vocab, pin=self.p.device.type == "cuda")
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        bitmask = self._bitmask[:len(matchers)]
+        assert self._mask_thread is not None
+        return self._mask_thread.submit(fill_masks, bitmask, matchers)
+
+    def _masked(self, logits: torch.Tensor, masks: Future | None) -> torch.Tensor:
+        """`logits` with what rows under a grammar may not write next at -inf."""
+        if masks is not None:
+            masks.result()
+            assert self._bitmask is not None
+            apply_masks(logits, self._upload(self._bitmask[:logits.shape[0]]))
+        return logits
 
     def _score(self, step: int, rows: slice, logits: torch.Tensor, chosen: torch.Tensor) -> None:
         """Step `step`'s log-probabilities of `rows`' tokens `chosen`, under the model (before
@@ -597,6 +635,12 @@ class Decoder:
             for j, token in enumerate(made):
                 score = None if scored is None or asked is None else \
                     _score_of(scored[start + j][slot], asked)
+                if r.matcher is not None and not r.matcher.accept(token):
+                    # The budget left cannot close what the token opened: the grammar's
+                    # closing writes on, and the next step reads its token instead.
+                    token = cast(int, r.matcher.substitute)
+                    self.next_ids[slot] = token
+                    score = None if score is None else _substituted(score, token)
                 if r.seq.push(token, self.p, score):
                     break
             if made and not r.stopped and (hook := r.waiting.on_text) is not None:
@@ -647,6 +691,14 @@ def _score_of(row: list[float], alternatives: int) -> Score:
     """A read scores row as (log-probability, [(id, log-probability)] of `alternatives`)."""
     top = MAX_TOP_LOGPROBS + 2
     return row[1], [(int(row[2 + t]), row[top + t]) for t in range(alternatives)]
+
+
+def _substituted(score: Score, token: int) -> Score:
+    """The score of a token the grammar wrote in place of the one drawn: its log-probability
+    among the alternatives, else -9999 (vLLM's stand-in for a token the model all but
+    excluded)."""
+    _, top = score
+    return next((lp for t, lp in top if t == token), -9999.0), top
 
 
 def _leading(digests: list[bytes], known: set[bytes]) -> int:

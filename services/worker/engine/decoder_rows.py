@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.worker.engine.batch import ShouldStop
+from services.worker.engine.grammar_row import RowMatcher
 from services.worker.engine.results import TextResult
 from services.worker.engine.text_cache import PAGE_TOKENS
 from services.worker.engine.text_rows import Row, Sequence
@@ -54,6 +55,8 @@ class Running:
     # from admission to its prefill, where they become its first pages.
     digests: list[bytes] = field(default_factory=list)
     shared: list[int] = field(default_factory=list)
+    # Its place in its `response_format`'s grammar: advanced past each token read.
+    matcher: RowMatcher | None = None
 
     @property
     def stopped(self) -> bool:

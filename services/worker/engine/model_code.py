@@ -11,9 +11,11 @@ from typing import Any, Protocol
 
 import torch
 
+from services.worker.engine.grammar import Grammar
 from services.worker.engine.graph import Graph
 from services.worker.engine.text_cache import PagedCache
 from services.worker.engine.text_rows import Row
+from shared.messages import ResponseFormat
 from shared.registry import ModelSpec
 
 
@@ -68,6 +70,9 @@ class StepModel(Protocol):
 
     def spell(self, token: int) -> tuple[str, bytes]:
         """One token's text alone, and its bytes (log-probability entries)."""
+
+    def grammar(self, fmt: ResponseFormat) -> Grammar:
+        """The grammar an item's `response_format` is decoded under."""
 
     def observe(self, phase: str, seconds: float) -> None:
         """Time one phase of its work."""

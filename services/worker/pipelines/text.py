@@ -15,6 +15,7 @@ from typing import cast
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+from services.worker.engine.grammar import Grammar, GrammarCache
 from services.worker.engine.kv_budget import Budget, budget_bytes
 from services.worker.engine.model_code import StepCode
 from services.worker.engine.text_cache import PagedCache, Shape, Sizing
@@ -24,7 +25,7 @@ from services.worker.pipelines.text_gpt2 import GPT2Forward, fits
 from services.worker.pipelines.text_masks import layer_masks
 from services.worker.pipelines.token_bytes import TokenSpeller
 from shared.errors import ContextLengthExceeded
-from shared.messages import TextItem
+from shared.messages import ResponseFormat, TextItem
 from shared.model_files import context_length
 from shared.settings import get_settings
 
@@ -59,6 +60,7 @@ class CausalLMTextPipeline(Pipeline):
         # Tokenizing may touch the tokenizer's settings; callers on two threads must not mix.
         self._encode_lock = threading.Lock()
         self._speller = TokenSpeller(tokenizer)
+        self._grammars: GrammarCache | None = None  # made for the first structured item
 
     def prepare(self) -> None:
         """Nothing: the KV cache belongs to the decoder that runs the model, which allocates
@@ -128,6 +130,15 @@ class CausalLMTextPipeline(Pipeline):
     def decode(self, ids: list[int]) -> str:
         # One sequence of ids decodes to one string (a batch of them, to a list).
         return cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def grammar(self, fmt: ResponseFormat) -> Grammar:
+        """The grammar an item's `response_format` is decoded under, compiled once per
+        schema. Raises InvalidInput for a schema it cannot decode."""
+        with self._encode_lock:
+            if self._grammars is None:
+                width = self.model.get_output_embeddings().weight.shape[0]
+                self._grammars = GrammarCache(self.tokenizer, width, self.eos_ids)
+        return self._grammars.get(fmt.json_schema if fmt.type == "json_schema" else None)
 
     def spell(self, token: int) -> tuple[str, bytes]:
         """One token's text alone, and its bytes."""
