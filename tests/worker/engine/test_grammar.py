@@ -208,6 +208,7 @@ def test_applying_a_bitmask_is_its_bits_one_by_one(way: Callable[..., None]) -> 
     vocab = 1000  # not a multiple of 32: the last word's high bits are past the vocabulary
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, (vocab + 31) // 32), generator=gen,
                             dtype=torch.int32)
+    bitmask[1] = -1  # a row without a grammar, among rows with one
     logits = torch.randn(3, vocab, generator=gen)
     expected = logits.clone()
     for r in range(3):
@@ -216,6 +217,8 @@ def test_applying_a_bitmask_is_its_bits_one_by_one(way: Callable[..., None]) -> 
                 expected[r, t] = float("-inf")
     way(logits, bitmask)
     assert torch.equal(logits, expected)
+    assert torch.isinf(logits[0]).any() and torch.isinf(logits[2]).any()
+    assert torch.isfinite(logits[1]).all()
 
 
 def test_a_schema_compiles_once_per_model() -> None:
