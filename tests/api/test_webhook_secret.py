@@ -3,8 +3,13 @@ shared by every replica; a configured one is used as it is. With API keys, each 
 read and rotated through /v1/webhook-secret (services/api/routes/webhook_secrets.py)."""
 
 import asyncio
+import logging
+import shlex
+import shutil
+import subprocess
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,8 +18,10 @@ from standardwebhooks import Webhook
 from services.api.app import create_app
 from services.api.webhooks.keyring import MAX_RETIRED
 from services.api.webhooks.outbox import Outbox
-from services.api.webhooks.secret import installation_secret
+from services.api.webhooks.secret import installation_secret, redis_cli
+from services.devstack.redis_server import find_redis_server
 from shared import names
+from shared.redis_client import connect
 from shared.settings import Settings, get_settings
 from tests.api.conftest import WEBHOOK_SECRET
 
@@ -25,6 +32,34 @@ async def test_replicas_share_one_generated_secret(aredis):
     Webhook(first)  # well formed
     assert await aredis.ttl(names.WEBHOOK_SECRET) == -1  # kept as long as the installation
     assert first != Settings.model_fields["webhook_secret"].default
+
+
+async def test_the_made_secret_is_logged_with_a_command_that_reads_it(aredis, caplog):
+    # The tests' Redis is on a port of its own, as `make run`'s is: a bare `redis-cli` would
+    # ask 6379, another Redis or none.
+    with caplog.at_level(logging.WARNING, logger="services.api.webhooks.secret"):
+        secret = await installation_secret(aredis)
+    (hint,) = [r.getMessage() for r in caplog.records if "redis-cli" in r.getMessage()]
+    program, *args = shlex.split(hint.split("`")[1])
+    assert program == "redis-cli"
+    cli = shutil.which("redis-cli") or str(Path(find_redis_server()).with_name("redis-cli"))
+    read = subprocess.run([cli, *args], capture_output=True, text=True, timeout=10)
+    assert read.returncode == 0 and read.stdout.strip() == secret, read
+
+
+@pytest.mark.parametrize(("url", "command"), [
+    ("redis://10.0.0.5:6380/0", "redis-cli -h 10.0.0.5 -p 6380"),
+    ("rediss://fm:s3cret@redis.internal:6390/2",
+     "redis-cli -h redis.internal -p 6390 -n 2 --tls --user fm --askpass"),
+    ("redis://:s3cret@10.0.0.5/0", "redis-cli -h 10.0.0.5 -p 6379 --askpass"),
+    ("unix:///run/redis/redis.sock?db=1", "redis-cli -s /run/redis/redis.sock -n 1"),
+])
+async def test_the_command_names_the_apis_redis_and_never_its_password(settings, url, command):
+    client = connect(settings.model_copy(update={"redis_url": url}))  # as the API connects
+    try:
+        assert redis_cli(client) == command
+    finally:
+        await client.aclose()
 
 
 async def test_a_secret_kept_in_redis_is_the_installations(aredis):
