@@ -19,6 +19,7 @@ from benchmarks import (
     prefix_cache,
     queue_cost,
     real_model,
+    structured_output,
 )
 from benchmarks.lifecycle import cancel_to_free, webhook_latency
 from benchmarks.machine import machine
@@ -82,6 +83,7 @@ def main() -> None:
         peer_figures = peers.run(peers.QUICK if args.peers == "quick" else peers.FULL)
     kv_figures = kv_memory.run()
     prefix_figures = prefix_cache.run()
+    structured_figures = structured_output.run()
     real_figures = None if args.no_real_model else real_model.run()
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -114,6 +116,7 @@ def main() -> None:
         lines += ["", *peers.report(peer_figures, header=True, machine=machine())]
     lines += ["", *kv_memory.report(kv_figures)]
     lines += ["", *prefix_cache.report(prefix_figures)]
+    lines += ["", *structured_output.report(structured_figures)]
     if real_figures is not None:
         lines += ["", *real_model.report(real_figures)]
     args.out.write_text("\n".join(lines) + "\n")
