@@ -138,7 +138,7 @@ class LLGuidance(Library):
     def compile(self) -> Any:
         import llguidance
 
-        from services.worker.engine.grammar_schema import grammar_of
+        from shared.grammar_schema import grammar_of
 
         return llguidance.LLMatcher(self.tok.ll, grammar_of(SCHEMA), log_level=0)
 
@@ -161,7 +161,7 @@ class OutlinesCore(Library):
     def setup(self, tok: Tok) -> None:
         import outlines_core
 
-        from services.worker.engine.grammar_schema import _byte_level_chars
+        from shared.grammar_schema import _byte_level_chars
 
         self.oc = outlines_core
         byte_of = {c: b for b, c in enumerate(_byte_level_chars())}

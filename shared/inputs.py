@@ -16,7 +16,8 @@ from pydantic_core import PydanticCustomError
 
 from shared.class_prompts import resolve_class
 from shared.errors import InvalidInput
-from shared.messages import MAX_TOP_LOGPROBS, GeneratedImage, GeneratedText
+from shared.grammar_schema import check_schema
+from shared.messages import MAX_TOP_LOGPROBS, GeneratedImage, GeneratedText, ResponseFormat
 from shared.problems import from_validation_error
 from shared.registry import ModelKind, ModelSpec, Task
 
@@ -122,6 +123,27 @@ class TextGenerationInput(_Input):
         "Return each generated token's log-probability (in `output[i].logprobs`, and in "
         "streamed `output` events), with this many of the most likely tokens at each place "
         "(0: the chosen token's only)"))
+    response_format: ResponseFormat | None = Field(None, description=(
+        'Structured output: {"type": "json_object"} writes a JSON object, {"type": '
+        '"json_schema", "json_schema": {...}} JSON that validates against the schema given; '
+        "decoded under a grammar, it always parses, also when max_new_tokens runs short"))
+
+    @field_validator("response_format")
+    @classmethod
+    def _decodable(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        if value is None:
+            return value
+        if value.type == "json_object":
+            if value.json_schema is not None:
+                raise ValueError("json_schema is given only with type json_schema")
+            return value
+        if value.json_schema is None:
+            raise ValueError("type json_schema needs json_schema, the schema itself")
+        try:
+            check_schema(value.json_schema, field="json_schema")
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("max_new_tokens")
     @classmethod

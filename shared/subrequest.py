@@ -23,6 +23,7 @@ def split_items(
                 stop=inp.stop,
                 stream=inp.stream,
                 logprobs=inp.logprobs,
+                response_format=inp.response_format,
             )
             for i, p in enumerate(inp.prompts)
         ]

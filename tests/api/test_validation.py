@@ -80,6 +80,22 @@ def _fields(resp) -> list[str]:
             {"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": [""]}},
             "prompts.0",
         ),
+        (
+            {"task": "text-generation", "model": "tiny-gpt2",
+             "input": {"prompts": ["x"], "response_format": {
+                 "type": "json_schema", "json_schema": {"type": "strin"}}}},
+            "body.input.response_format",
+        ),
+        (
+            {"task": "text-generation", "model": "tiny-gpt2",
+             "input": {"prompts": ["x"], "response_format": {"type": "json_schema"}}},
+            "body.input.response_format",
+        ),
+        (
+            {"task": "text-generation", "model": "tiny-gpt2",
+             "input": {"prompts": ["x"], "logprobs": 21}},
+            "body.input.logprobs",
+        ),
     ],
 )
 def test_bad_input_is_a_422_naming_the_field(client, redis_url, sredis, body, field):

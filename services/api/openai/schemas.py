@@ -16,6 +16,8 @@ from pydantic import (
     field_validator,
 )
 
+from shared.errors import InvalidInput
+from shared.grammar_schema import check_schema
 from shared.inputs import MAX_STOP_CHARS, Seed
 from shared.messages import MAX_TOP_LOGPROBS
 
@@ -58,6 +60,39 @@ class _TextRequest(_Request):
     frequency_penalty: float = Field(0.0, description="Only 0 is supported")
     presence_penalty: float = Field(0.0, description="Only 0 is supported")
     logit_bias: dict[str, float] | None = Field(None, description="Only empty is supported")
+    response_format: dict[str, Any] | None = Field(None, description=(
+        '{"type": "text"} (the default), {"type": "json_object"} (a JSON object), or '
+        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} (JSON that '
+        "validates against the schema, whatever `strict` says); decoded under a grammar, the "
+        "output always parses, also when max_tokens runs short"))
+
+    @field_validator("response_format")
+    @classmethod
+    def _format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None or value == {"type": "text"}:
+            return None
+        kind = value.get("type")
+        if kind == "json_object":
+            return value
+        if kind != "json_schema":
+            raise ValueError(f"type must be text, json_object or json_schema, not {kind!r}")
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise ValueError("json_schema must be an object holding the schema as `schema`")
+        try:
+            check_schema(spec["schema"])
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def structured(self) -> dict[str, Any] | None:
+        """The job input's `response_format`: None for plain text."""
+        if self.response_format is None:
+            return None
+        if self.response_format["type"] == "json_object":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "json_schema": self.response_format["json_schema"]["schema"]}
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -118,7 +153,6 @@ class ChatCompletionRequest(_TextRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
         "With each token, this many of the most likely tokens at its place; needs "
         "`logprobs: true`"))
-    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}')
     tools: list[Any] | None = Field(None, description="Not supported (only empty)")
     tool_choice: Any = Field(None, description='Not supported (only "none")')
     functions: list[Any] | None = Field(None, description="Not supported (only empty)")
@@ -155,13 +189,6 @@ class ChatCompletionRequest(_TextRequest):
     def _no_tool_choice(cls, value: Any) -> Any:
         if value not in (None, "none"):
             raise _unsupported("the models served here do not call tools")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value != {"type": "text"}:
-            raise _unsupported('only {"type": "text"}')
         return value
 
     @field_validator("service_tier")

@@ -79,6 +79,9 @@ def job_request(req: OpenAIRequest, registry: ModelRegistry,
                "top_p": req.top_p, "stop": req.stop, "seed": req.seed, "stream": req.stream}
         if req.alternatives is not None:
             inp["logprobs"] = req.alternatives
+        if req.structured is not None:
+            inp["response_format"] = req.structured
+            names["response_format"] = "response_format"
         names |= {"max_new_tokens": budget_field, "temperature": "temperature",
                   "top_p": "top_p", "stop": "stop", "seed": "seed"}
     try:

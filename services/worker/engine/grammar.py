@@ -36,8 +36,8 @@ from typing import Any
 import llguidance
 import llguidance.hf
 
-from services.worker.engine.grammar_close import close
-from services.worker.engine.grammar_schema import (
+from shared.grammar_close import close
+from shared.grammar_schema import (
     JSON_OBJECT,
     MAX_SHORTEST_BYTES,
     canonical,

@@ -31,8 +31,8 @@ import llguidance
 import torch
 
 from services.worker.engine.grammar import Grammar, closing_tokens
-from services.worker.engine.grammar_close import StringState, close
-from services.worker.engine.grammar_schema import MAX_SHORTEST_BYTES
+from shared.grammar_close import StringState, close
+from shared.grammar_schema import MAX_SHORTEST_BYTES
 
 
 class RowMatcher:

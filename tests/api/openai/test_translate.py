@@ -57,13 +57,38 @@ def test_problems_name_the_openai_fields(registry):
 
 
 def test_what_cannot_be_honoured_is_refused_by_name(registry):
-    for field, value in [("presence_penalty", 0.5), ("tools", [{}]),
-                         ("response_format", {"type": "json_object"}), ("store", True)]:
+    for field, value in [("presence_penalty", 0.5), ("tools", [{}]), ("store", True)]:
         problems = _problems(CHAT, {"model": "pydoc-gpt2", "messages": MESSAGES,
                                     field: value}, registry)
         assert list(problems) == [field] and "not supported" in problems[field]
     assert "is not a field" in _problems(COMPLETIONS, {"model": "tiny-gpt2", "prompt": "x",
                                                        "frobnicate": 1}, registry)["frobnicate"]
+
+
+def test_a_response_format_reaches_the_job_as_its_schema(registry):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for path, body in ((CHAT, {"model": "pydoc-gpt2", "messages": MESSAGES}),
+                       (COMPLETIONS, {"model": "tiny-gpt2", "prompt": "x"})):
+        asked = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema,
+                                                         "strict": True}}
+        job = job_request(parse(path, {**body, "response_format": asked}), registry)
+        assert job.input["response_format"] == {"type": "json_schema", "json_schema": schema}
+        job = job_request(parse(path, {**body, "response_format": {"type": "json_object"}}),
+                          registry)
+        assert job.input["response_format"] == {"type": "json_object"}
+        job = job_request(parse(path, {**body, "response_format": {"type": "text"}}),
+                          registry)
+        assert "response_format" not in job.input
+
+
+def test_a_response_format_the_decoder_cannot_write_is_refused_by_name(registry):
+    body = {"model": "pydoc-gpt2", "messages": MESSAGES}
+    for fmt, reason in [({"type": "xml"}, "type must be"),
+                        ({"type": "json_schema", "json_schema": {"name": "a"}}, "schema"),
+                        ({"type": "json_schema", "json_schema": {
+                            "name": "a", "schema": {"type": "strin"}}}, "strin")]:
+        problems = _problems(CHAT, {**body, "response_format": fmt}, registry)
+        assert list(problems) == ["response_format"] and reason in problems["response_format"]
 
 
 def test_a_model_must_fit_the_endpoint(registry):

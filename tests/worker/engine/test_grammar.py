@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import torch
 
-from services.worker.engine.grammar import GrammarCache, check_schema
+from services.worker.engine.grammar import GrammarCache
 from services.worker.engine.grammar_mask import (
     apply_masks,
     fill_masks,
@@ -24,6 +24,7 @@ from services.worker.engine.grammar_mask import (
 from services.worker.engine.grammar_row import RowMatcher
 from services.worker.engine.text_sampling import N_PARAMS, params_of, pick
 from shared.errors import InvalidInput
+from shared.grammar_schema import check_schema
 from shared.settings import REPO_ROOT
 
 SCHEMA: dict[str, Any] = {

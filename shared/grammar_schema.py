@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 
-from services.worker.engine.grammar_close import close
 from shared.errors import InvalidInput
+from shared.grammar_close import close
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
