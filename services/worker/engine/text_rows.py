@@ -65,7 +65,8 @@ class Sequence:
             self.logprobs.append(_entry(model, token, score))
         if token in model.eos_ids:
             return self._finish(FinishReason.STOP, model.decode(self.generated[:-1]))
-        if self.item.stop:
+        # A row under a grammar ends where its JSON does: a stop string would cut it.
+        if self.item.stop and self.item.response_format is None:
             # Decode the whole continuation: a stop string may span tokens, and a token may
             # complete a multi-byte character that only then matches.
             text = self.decoded(model)

@@ -102,3 +102,9 @@ def test_an_iteration_still_reads_the_host_once(pipeline: CausalLMTextPipeline) 
     finally:
         del decoder._iterate
     assert sync.count(pipeline.spec.name) - reads == iterations
+
+
+def test_stop_strings_do_not_cut_a_structured_answer(pipeline: CausalLMTextPipeline) -> None:
+    item = TextItem(prompt="JSON:", max_new_tokens=40, stop=['"', ":"],
+                    response_format=WITH_SCHEMA)
+    jsonschema.validate(json.loads(engine_for(pipeline).run([item])[0].text), SCHEMA)
