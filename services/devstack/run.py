@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit, urlunsplit
 
 from services.cli.args import DEFAULT_URL
 from services.devstack.processes import start_api, start_workers, wait_ready
@@ -211,8 +212,9 @@ def main() -> int:
     redis_url = os.environ.get("FIBERMILL_REDIS_URL", "")
     try:
         if redis_url:
-            redis_cli = f"redis-cli -u {redis_url}"
-            print(f"Redis:   {redis_url} (from FIBERMILL_REDIS_URL)")
+            shown, secret = _without_password(redis_url)
+            redis_cli = f"redis-cli -u {shown}" + (" --askpass" if secret else "")
+            print(f"Redis:   {shown} (from FIBERMILL_REDIS_URL)")
         else:
             redis_port = free_port()
             redis_proc = start_redis(redis_port, RUN_DIR / "redis", start_new_session=True)
@@ -283,3 +285,15 @@ def _write_pid(name: str, pid: int) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _without_password(url: str) -> tuple[str, bool]:
+    """`url` with its password left out (a banner must not print it), and whether it had
+    one."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url, False
+    user = f"{parts.username}@" if parts.username else ""
+    host = parts.hostname or ""
+    netloc = f"{user}{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc)), True

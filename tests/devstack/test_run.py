@@ -277,3 +277,12 @@ def test_a_port_left_in_time_wait_by_a_stopped_server_is_free():
 def test_a_port_with_a_live_listener_is_in_use():
     with _listener() as lis:
         assert run._port_in_use("127.0.0.1", lis.getsockname()[1]) is True
+
+
+def test_a_redis_password_never_reaches_the_banner():
+    from services.devstack.run import _without_password
+
+    assert _without_password("redis://:s3cret@db.internal:6380/2") == (
+        "redis://db.internal:6380/2", True)
+    assert _without_password("rediss://app:s3cret@db:6379/0") == ("rediss://app@db:6379/0", True)
+    assert _without_password("redis://127.0.0.1:6379/0") == ("redis://127.0.0.1:6379/0", False)
