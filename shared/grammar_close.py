@@ -5,12 +5,15 @@ llguidance offers no shortest completion, only the bytes a state forces (`comput
 and trial consumption (`try_consume_tokens`, which leaves the state alone when the token does
 not fit). The search is greedy over single-byte tokens: take the forced bytes; else the first
 byte, in an order that closes JSON soonest, that the grammar allows. Inside a string that
-order starts with the closing quote; outside, with `}` and `]`, then `,` (where a schema wants
+order starts with the closing quote, then the punctuation that formats put between runs of
+letters and digits; outside, with `}` and `]`, then `,` (where a schema wants
 more members or items before it lets an object or array close: before the digits, or a number
 would grow without end), the shortest values (`0`, `""`), `:`, and the letters that start
 `true`, `null` and `false`); after a token that stopped inside a character of
 several bytes, the continuation bytes. Which of the two orders applies is read off the
-bytes written (a JSON string starts and ends at an unescaped quote).
+bytes written (a JSON string starts and ends at an unescaped quote). Inside strings a byte
+taken three times goes behind the others, so a repetition the grammar allows without end
+cannot hold the search.
 
 Greedy is not always the shortest (an optional key that sorts first can be taken before a
 required one), but it always ends where the grammar accepts, and a row that follows it
@@ -24,10 +27,17 @@ import llguidance
 _OTHER = bytes(b for b in printable.encode() if b not in b" \t\n\r\x0b\x0c")
 OUTSIDE = b'}],0":tnf-123456789{[.eE+'
 OUTSIDE += bytes(b for b in _OTHER if b not in OUTSIDE)
-INSIDE = b'"' + (ascii_letters + digits).encode() + b" _-."
+# Punctuation before letters: a format's separators (the `@` of an email, the `-` of a date)
+# end a run of letters or digits that could go on; digits from 1, as a year 0000 is no date.
+INSIDE = b'"-.:@_/+' + (ascii_letters + digits[1:] + "0").encode() + b" "
 INSIDE += bytes(b for b in _OTHER if b not in INSIDE and b != ord("\\")) + b"\\"
 # A token may end inside a character of several bytes: only its continuation bytes fit then.
 INSIDE += bytes(range(0x80, 0xC0))
+# Inside a string, a byte chosen this many times goes behind the others: a repetition the
+# grammar allows without end (an email's `-` and `.` before its `@`) must not hold the search.
+# Outside strings nothing repeats without end: each `}` or `]` closes something, and `,` comes
+# before the digits.
+MAX_USES = 3
 
 
 class StringState:
@@ -65,6 +75,8 @@ def close(matcher: llguidance.LLMatcher, byte_ids: list[int | None], written: by
         state = StringState()
         state.feed(written)
     out = bytearray()
+    inside = INSIDE  # the order inside strings, the bytes used most moved back
+    used = [0] * 256  # how often each byte was chosen inside a string
     while not matcher.is_accepting():
         if len(out) > limit:
             return None
@@ -75,13 +87,30 @@ def close(matcher: llguidance.LLMatcher, byte_ids: list[int | None], written: by
                     [t for t in ids if t is not None]):
                 return None
         else:
-            for b in INSIDE if state.inside else OUTSIDE:
+            was_inside = state.inside
+            for b in inside if was_inside else OUTSIDE:
                 t = byte_ids[b]
                 if t is not None and matcher.try_consume_tokens([t]) == 1:
                     step = bytes((b,))
                     break
             else:
                 return None
+            if was_inside and step != b'"':
+                used[step[0]] += 1
+                if used[step[0]] % MAX_USES == 0:
+                    inside = _reordered(used)
         out += step
         state.feed(step)
     return bytes(out)
+
+
+def _reordered(used: list[int]) -> bytes:
+    """The order inside strings with each byte behind those used fewer times (in rounds of
+    `MAX_USES`), the closing quote always first."""
+    rank = {b: i for i, b in enumerate(INSIDE)}
+
+    def key(b: int) -> tuple[int, int]:
+        return (0 if b == 0x22 else used[b] // MAX_USES, rank[b])
+
+    order: list[int] = sorted(INSIDE, key=key)
+    return bytes(order)
