@@ -36,10 +36,12 @@ from typing import Any
 import llguidance
 import llguidance.hf
 
+from shared.errors import InvalidInput
 from shared.grammar_close import close
 from shared.grammar_schema import (
     JSON_OBJECT,
     MAX_SHORTEST_BYTES,
+    SCHEMA_FIELD,
     canonical,
     check_schema,
     grammar_of,
@@ -139,8 +141,12 @@ class GrammarCache:
         check_schema(schema)
         tok = self.tokenizer
         start = llguidance.LLMatcher(tok.ll, grammar_of(schema), log_level=0)
+        if start.is_error():  # the model's tokenizer, unlike check_schema's, cannot hold it
+            raise InvalidInput(SCHEMA_FIELD, f"is not supported: {start.get_error()}")
         closing = close(start.deep_copy(), tok.byte_ids, b"", MAX_SHORTEST_BYTES)
-        assert closing is not None, "check_schema refuses a schema with no short instance"
+        if closing is None:  # bytes the search needs that this tokenizer has no token for
+            raise InvalidInput(SCHEMA_FIELD, "has no instance this model's tokenizer can write "
+                                             f"in {MAX_SHORTEST_BYTES} bytes")
         return Grammar(key, tok, start, tuple(closing_tokens(start, tok, closing)))
 
 

@@ -309,6 +309,15 @@ def test_a_schema_the_decoder_cannot_write_is_refused(schema: Any, reason: str) 
             model("tiny-gpt2").grammars.get(schema)
 
 
+def test_a_schema_a_models_tokenizer_cannot_write_is_refused() -> None:
+    m = Model("tiny-gpt2")
+    m.grammars.tokenizer.byte_ids[ord("}")] = None  # as a vocabulary without the byte alone
+    with pytest.raises(InvalidInput) as caught:
+        m.grammars.get(SCHEMA)
+    assert caught.value.field == "response_format.json_schema.schema"
+    assert "this model's tokenizer" in caught.value.message
+
+
 def test_a_supported_schema_passes() -> None:
     check_schema(SCHEMA)
     check_schema(NESTED)
