@@ -222,25 +222,32 @@ def test_the_end_token_is_allowed_only_where_the_grammar_accepts() -> None:
 
 def test_rows_without_a_grammar_keep_their_logits() -> None:
     m = model("tiny-gpt2")
-    rows = [None, RowMatcher(m.grammars.get(SCHEMA), 64), None,
-            RowMatcher(m.grammars.get(None), 64)]
+    schema = m.grammars.get(SCHEMA)
+    # Free rows (their masks filled together by llguidance's threads) and a row whose budget
+    # holds just the shortest output (its closing forced from the first token).
+    rows = [None, RowMatcher(schema, 64), None, RowMatcher(m.grammars.get(None), 64),
+            RowMatcher(schema, schema.min_tokens)]
     bitmask = new_bitmask(len(rows), m.vocab)
     bitmask.zero_()  # whatever an earlier step left there
     assert fill_masks(bitmask, rows)
     assert not fill_masks(new_bitmask(2, m.vocab), [None, None])
+    alone = new_bitmask(1, m.vocab)
+    for i, r in enumerate(rows):
+        if r is not None:
+            r.fill_mask(alone[0])
+            assert torch.equal(alone[0], bitmask[i])
+    assert _allowed(bitmask[4], m.vocab) == {schema.shortest[0]}
+    assert m.tok.encode("{")[0] in _allowed(bitmask[1], m.vocab)
+    assert m.eos not in _allowed(bitmask[1], m.vocab)
     logits = torch.randn(len(rows), m.vocab, generator=torch.Generator().manual_seed(0))
     before = logits.clone()
     apply_masks(logits, bitmask)
     assert torch.equal(logits[0], before[0])
     assert torch.equal(logits[2], before[2])
-    for i in (1, 3):
-        allowed = _allowed(bitmask[i], m.vocab)
-        kept = set(torch.isfinite(logits[i]).nonzero()[:, 0].tolist())
-        assert kept == allowed
-        assert allowed == {m.tok.convert_tokens_to_ids(t) for t in m.tok.get_vocab()
-                           if m.tok.convert_tokens_to_ids(t) in allowed}
-        assert m.tok.encode("{")[0] in allowed
-        assert torch.equal(logits[i][sorted(kept)], before[i][sorted(kept)])
+    for i in (1, 3, 4):
+        kept = sorted(torch.isfinite(logits[i]).nonzero()[:, 0].tolist())
+        assert set(kept) == _allowed(bitmask[i], m.vocab)
+        assert torch.equal(logits[i][kept], before[i][kept])
 
 
 @pytest.mark.parametrize("way", [unpacked, shifted], ids=["cpu", "accelerator"])
