@@ -17,7 +17,8 @@ cannot hold the search.
 
 Greedy is not always the shortest (an optional key that sorts first can be taken before a
 required one), but it always ends where the grammar accepts, and a row that follows it
-exactly fits its budget: that is all the budget rule in grammar_row.py needs of it.
+exactly fits its budget: that is all the budget rule (services/worker/engine/grammar_row.py)
+needs of it.
 """
 
 from string import ascii_letters, digits, printable

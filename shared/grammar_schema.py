@@ -70,7 +70,7 @@ def check_schema(schema: Any, field: str = SCHEMA_FIELD) -> None:
 
 def shortest_bytes(matcher: llguidance.LLMatcher) -> bytes | None:
     """What closes `matcher` (a byte tokenizer's, `_byte_tokenizer`) from its state, found as
-    grammar_row.py's closing is; None past `MAX_SHORTEST_BYTES`."""
+    services/worker/engine/grammar_row.py's closing is; None past `MAX_SHORTEST_BYTES`."""
     return close(matcher.deep_copy(), _BYTE_IDS, b"", MAX_SHORTEST_BYTES)
 
 

@@ -5,8 +5,8 @@ The pieces, for the decoder to call:
 
 - `GrammarCache(tokenizer, vocab_size, eos_ids)`, one per text model: `get(schema)` gives the
   compiled `Grammar` of a schema (`None`: JSON mode, any object), compiled once per schema
-  (keyed by `grammar_schema.canonical`, its compact JSON with its members in order) and kept
-  while among the `capacity` most recently used.
+  (keyed by shared/grammar_schema.py's `canonical`, its compact JSON with its members in
+  order) and kept while among the `capacity` most recently used.
 - `RowMatcher(grammar, budget)` (grammar_row.py), one per row: `fill_mask(row)` writes the
   tokens allowed next into a row of a bitmask, `accept(token)` advances it (False: the row
   writes `substitute` in the token's place), `is_terminated()` says nothing but an end token
@@ -14,7 +14,8 @@ The pieces, for the decoder to call:
 - `new_bitmask`, `fill_masks` and `apply_masks` (grammar_mask.py): one int32 bitmask for all
   rows, filled on the host (llguidance's threads, the GIL released), applied to the logits
   in one call; rows without a grammar keep all their tokens.
-- `check_schema` (grammar_schema.py, no torch): the API's check of a schema, before queueing.
+- `check_schema` (shared/grammar_schema.py, no torch): the API's check of a schema, before
+  queueing; the closing search is shared/grammar_close.py.
 
 Why llguidance (benchmarks/grammar_cost.py measures the three maintained libraries; per token,
 mask and advance, for a schema of four typed fields on a JSON document's tokens): xgrammar
@@ -119,7 +120,7 @@ class GrammarCache:
 
     def get(self, schema: dict[str, Any] | None) -> Grammar:
         """The grammar of `schema`, or of JSON mode (any object) for None. Raises InvalidInput
-        (grammar_schema.check_schema) for a schema that cannot be decoded."""
+        (shared/grammar_schema.check_schema) for a schema that cannot be decoded."""
         if schema is None:
             schema = JSON_OBJECT
         key = canonical(schema)

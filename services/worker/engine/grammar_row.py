@@ -1,7 +1,7 @@
 """One row's place in its grammar, and the rule that ends its JSON within its token budget.
 
 The row always holds a closing: tokens that take its grammar from where it is to where it
-accepts (grammar_close.py finds one; the compiled grammar holds the one from its start). The
+accepts (shared/grammar_close.py finds one; the compiled grammar holds the one from its start). The
 rule keeps that closing no longer than the tokens left:
 
 - each token written is checked against it: when the closing still ends the grammar after the
