@@ -187,8 +187,10 @@ class GeneratedText(BaseModel):
     tokens: int = Field(description="Number of generated tokens")
     prompt_tokens: int | None = Field(None, description="Number of prompt tokens the model "
                                       "read (after truncation to its context)")
+    # Left out of the JSON unless asked: outputs and events keep the shape they had.
     logprobs: list[TokenLogprob] | None = Field(
-        None, description="Each generated token's log-probability, when `logprobs` was asked")
+        None, exclude_if=lambda v: v is None,
+        description="Each generated token's log-probability, when `logprobs` was asked")
 
 
 class GeneratedImage(BaseModel):
@@ -287,7 +289,7 @@ class OutputData(BaseModel):
     prompt_tokens: int | None = None
     # The log-probabilities of the tokens generated since this index's previous output event,
     # when its item asked for them (its text may lag its tokens by a few characters).
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class OutputEvent(Message):

@@ -212,9 +212,9 @@ def main() -> int:
     redis_url = os.environ.get("FIBERMILL_REDIS_URL", "")
     try:
         if redis_url:
-            shown, secret = _without_password(redis_url)
-            redis_cli = f"redis-cli -u {shown}" + (" --askpass" if secret else "")
-            print(f"Redis:   {shown} (from FIBERMILL_REDIS_URL)")
+            safe_url, secret = _without_password(redis_url)
+            redis_cli = f"redis-cli -u {safe_url}" + (" --askpass" if secret else "")
+            print(f"Redis:   {safe_url} (from FIBERMILL_REDIS_URL)")
         else:
             redis_port = free_port()
             redis_proc = start_redis(redis_port, RUN_DIR / "redis", start_new_session=True)

@@ -23,7 +23,8 @@ def test_a_text_model_lists_only_text_parameters(models, model_dir):
     spec = load_registry(model_dir / "registry.yaml").get("tiny-gpt2")
     gpt2 = models["tiny-gpt2"]
     assert set(gpt2["parameters"]) == {"prompts", "seed", "max_new_tokens", "temperature",
-                                       "top_p", "top_k", "stop", "stream"}
+                                       "top_p", "top_k", "stop", "stream", "logprobs",
+                                       "response_format"}
     assert gpt2["parameters"]["max_new_tokens"] | {"description": ""} == {
         "type": "integer", "minimum": 1, "maximum": spec.limits.max_new_tokens,
         "default": spec.defaults.max_new_tokens, "description": ""}

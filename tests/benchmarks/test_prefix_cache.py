@@ -8,8 +8,8 @@ from benchmarks import prefix_cache as pc
 
 
 def test_system_prompts_are_distinct_from_their_first_page_and_of_the_set_length(
-        tmp_path: Path) -> None:
-    model_dir = gpt2_6x256.build(tmp_path / "m")
+        tmp_path: Path, model_dir: Path) -> None:
+    model_dir = gpt2_6x256.build(tmp_path / "m", tokenizer_from=model_dir / "tiny-gpt2")
     systems = pc.prefixes(model_dir, 3, seed=1)
     from transformers import AutoTokenizer
 

@@ -7,6 +7,7 @@ model, the honest test), picked greedily and sampled through the decoder's own `
 import json
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -56,14 +57,24 @@ NESTED: dict[str, Any] = {
 BUDGETS = (8, 16, 32, 64)
 
 
+# Where the built test models are (tiny-gpt2); the committed ones (pydoc-gpt2) are in models/.
+_BUILT: list[Path] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _built_models(model_dir: Path) -> None:
+    _BUILT[:] = [model_dir]
+
+
 class Model:
     """A tokenizer of the project's models and its grammar cache."""
 
     def __init__(self, name: str) -> None:
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(REPO_ROOT / "models" / name,
-                                                 local_files_only=True)
+        built = _BUILT[0] / name if _BUILT else None
+        folder = built if built is not None and built.exists() else REPO_ROOT / "models" / name
+        self.tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         self.vocab = len(self.tok)
         self.eos = self.tok.eos_token_id
         self.grammars = GrammarCache(self.tok, self.vocab, [self.eos])
