@@ -124,8 +124,17 @@ class PagePool:
         return False
 
     def movable(self, page: int) -> bool:
-        """Whether a row may move `page`'s contents elsewhere: only its own, unknown pages."""
-        return self._refs.get(page) == 1 and page not in self._digest_of
+        """Whether a row may move `page`'s contents elsewhere: only a page no other row holds."""
+        return self._refs.get(page) == 1
+
+    def moved(self, src: int, dst: int) -> None:
+        """Page `src`'s contents now lie in page `dst` (held by the same row): what `src` was
+        known by, `dst` is; then the row lets go of `src`."""
+        digest = self._digest_of.pop(src, None)
+        if digest is not None:
+            self._digest_of[dst] = digest
+            self._page_of[digest] = dst
+        self.give([src])
 
     def _forget(self, page: int) -> None:
         """A cached page no row holds is taken for other contents."""

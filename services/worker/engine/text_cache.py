@@ -201,8 +201,9 @@ class PagedCache:
 
     def move(self, src: int, dst: int) -> None:
         """Batch row `src`'s pages become row `dst`'s (whose own went back first): each one's
-        contents move to `dst`'s home page where that is free, so reads stay in place; pages
-        other rows share, or that are known by their content, stay where they are."""
+        contents move to `dst`'s home page where that is free, so reads stay in place (a
+        cached page's content is then known there); pages other rows share stay where they
+        are."""
         pages, moved, home = [], [], True
         for j, page in enumerate(self.pages[src]):
             target = self._home(dst, j)
@@ -218,7 +219,8 @@ class PagedCache:
             for k, v in zip(self.keys, self.values, strict=True):
                 k.index_copy_(0, targets, k.index_select(0, sources))
                 v.index_copy_(0, targets, v.index_select(0, sources))
-            self.pool.give([s for s, _ in moved])
+            for s, t in moved:
+                self.pool.moved(s, t)
         held = len(pages)
         self.table[dst, :held] = torch.tensor(pages, dtype=torch.long)
         self.table[src, :held] = 0

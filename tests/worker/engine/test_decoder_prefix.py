@@ -200,3 +200,32 @@ def test_only_items_of_one_cache_scope_share_pages(model_dir: Path, loop: Loop) 
     results = loop.run(together())
     assert all(r == results[0] for r in results)
     assert _hits(pipe) - hits == (length - 1) // PAGE_TOKENS * PAGE_TOKENS
+
+
+def test_a_row_moving_into_a_freed_slot_takes_its_cached_pages_home(
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Distinct prompts of several full pages each: when the first row ends, the last moves
+    # into its batch row, its cached prompt pages with it, and every step still reads the
+    # pool in place (a gather each step costs the larger models a copy of every row's keys).
+    pipe = _pipeline(model_dir, "tiny-gpt2-prefix-move", max_batch=4)
+    prompts = [f"{i} " + SYSTEM + TAILS[i] for i in range(3)]
+    items = [TextItem(prompt=p, max_new_tokens=n) for p, n in zip(prompts, (4, 24, 24),
+                                                                    strict=True)]
+    engine = engine_for(pipe)
+    cache = engine.scheduling.cache
+    in_place: list[bool] = []
+    for_decode = cache.for_decode
+
+    def watched(positions, at, pages):
+        for_decode(positions, at, pages)
+        in_place.append(cache.in_place)
+
+    monkeypatch.setattr(cache, "for_decode", watched)
+    results = engine.run(items)
+    assert [r.text for r in results] == [pipe.decode(greedy_ids(pipe, p, n))
+                                         for p, n in zip(prompts, (4, 24, 24), strict=True)]
+    assert in_place and all(in_place)
+    # The moved row's prompt pages are still found by their content.
+    hits = _hits(pipe)
+    engine.run([TextItem(prompt=prompts[2], max_new_tokens=2)])
+    assert _hits(pipe) - hits >= 2 * PAGE_TOKENS

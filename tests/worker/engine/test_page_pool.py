@@ -76,13 +76,24 @@ def test_the_first_page_known_for_a_content_keeps_it() -> None:
     assert pool.free == 3  # the unknown page went straight back
 
 
-def test_only_a_rows_own_unknown_pages_may_move() -> None:
+def test_only_a_page_no_other_row_holds_may_move() -> None:
     pool = _pool()
     own, known = pool.take_any(), pool.take_any()
     pool.register(known, b"a")
-    assert pool.movable(own) and not pool.movable(known)
-    pool.share(own)
-    assert not pool.movable(own)
+    assert pool.movable(own) and pool.movable(known)
+    pool.share(known)
+    assert not pool.movable(known)
+
+
+def test_a_moved_page_is_known_where_its_contents_went() -> None:
+    pool = _pool()
+    src = pool.take_any()
+    pool.register(src, b"a")
+    assert pool.take(1)
+    pool.moved(src, 1)
+    assert pool.lookup(b"a") == 1 and pool.used == 1
+    pool.give([1])
+    assert pool.lookup(b"a") == 1 and pool.free == 4
 
 
 def test_clear_frees_every_page_and_forgets_every_content() -> None:
