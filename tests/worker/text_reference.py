@@ -2,6 +2,7 @@
 
 import torch
 
+from services.worker.engine import sync
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
 from tests.worker.engines import engine_for
@@ -22,3 +23,23 @@ def greedy_ids(pipe: CausalLMTextPipeline, prompt: str, n: int) -> list[int]:
 def alone(pipe: CausalLMTextPipeline, items: list[TextItem]) -> list:
     """Each item run as a batch of one."""
     return [engine_for(pipe).run([item])[0] for item in items]
+
+
+def reads_per_iteration(pipe: CausalLMTextPipeline, items: list[TextItem]) -> tuple[int, int]:
+    """Run `items` through the pipeline's engine: the counted host reads it made, and the
+    decoder iterations it took."""
+    decoder = engine_for(pipe).scheduling
+    reads, iterations = sync.count(pipe.spec.name), 0
+    iterate = decoder._iterate
+
+    def counted(admit):
+        nonlocal iterations
+        iterations += 1
+        return iterate(admit)
+
+    decoder._iterate = counted
+    try:
+        engine_for(pipe).run(items)
+    finally:
+        del decoder._iterate
+    return sync.count(pipe.spec.name) - reads, iterations

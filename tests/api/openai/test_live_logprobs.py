@@ -72,9 +72,11 @@ def _check_completion(lp: dict, text: str, completion_tokens: int) -> None:
         lp["text_offset"]) == completion_tokens > 0
     for token, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"],
                                    strict=True):
-        # The 2 most likely, and the chosen one beside them when it is not among them; tokens
-        # that read alike (bytes of a split character read as U+FFFD) share one key.
-        assert 1 <= len(top) <= 3 and token in top and top[token] >= logprob
+        # The 2 most likely, and the chosen one beside them when it is not among them; only
+        # tokens that read alike (bytes of a split character, read as U+FFFD) share a key.
+        assert token in top and top[token] >= logprob and len(top) <= 3
+        if not any("\ufffd" in key for key in top):
+            assert len(top) >= 2
         best = max(top.values())
         assert logprob <= best <= 0
     assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])

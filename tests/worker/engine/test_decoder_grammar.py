@@ -12,24 +12,13 @@ import pytest
 import torch
 
 from services.worker.engine import decoder as decoder_module
-from services.worker.engine import sync
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import ResponseFormat, TextItem
 from shared.registry import ModelKind, ModelSpec
+from tests.worker.engine.test_grammar import SCHEMA
 from tests.worker.engines import engine_for
-from tests.worker.text_reference import alone
+from tests.worker.text_reference import alone, reads_per_iteration
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "color": {"enum": ["red", "green", "blue"]},
-        "tags": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["name", "age", "color", "tags"],
-    "additionalProperties": False,
-}
 JSON_MODE = ResponseFormat(type="json_object")
 WITH_SCHEMA = ResponseFormat(type="json_schema", json_schema=SCHEMA)
 
@@ -87,21 +76,8 @@ def test_masks_are_filled_off_the_device_thread(pipeline: CausalLMTextPipeline,
 
 
 def test_an_iteration_still_reads_the_host_once(pipeline: CausalLMTextPipeline) -> None:
-    decoder = engine_for(pipeline).scheduling
-    reads, iterations = sync.count(pipeline.spec.name), 0
-    iterate = decoder._iterate
-
-    def counted(admit):
-        nonlocal iterations
-        iterations += 1
-        return iterate(admit)
-
-    decoder._iterate = counted
-    try:
-        engine_for(pipeline).run(_items(WITH_SCHEMA, [32, 32]))
-    finally:
-        del decoder._iterate
-    assert sync.count(pipeline.spec.name) - reads == iterations
+    reads, iterations = reads_per_iteration(pipeline, _items(WITH_SCHEMA, [32, 32]))
+    assert reads == iterations
 
 
 def test_stop_strings_do_not_cut_a_structured_answer(pipeline: CausalLMTextPipeline) -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.worker.engine import sync
 from services.worker.engine.text_rows import Sequence
 from services.worker.pipelines.text import CausalLMTextPipeline
 from shared.messages import TextItem
 from shared.registry import ModelKind, ModelSpec
 from tests.worker.engines import engine_for
+from tests.worker.text_reference import reads_per_iteration
 
 PROMPTS = ["Hello there", "The quick brown fox jumps over", "def split(items):"]
 NEW_TOKENS = 10
@@ -99,18 +99,5 @@ def test_asking_changes_no_token_and_others_get_none(pipeline: CausalLMTextPipel
 
 def test_scores_come_in_the_iterations_one_read(pipeline: CausalLMTextPipeline) -> None:
     items = [TextItem(prompt=p, max_new_tokens=NEW_TOKENS, logprobs=5) for p in PROMPTS]
-    decoder = engine_for(pipeline).scheduling
-    reads, iterations = sync.count(pipeline.spec.name), 0
-    iterate = decoder._iterate
-
-    def counted(admit):
-        nonlocal iterations
-        iterations += 1
-        return iterate(admit)
-
-    decoder._iterate = counted
-    try:
-        engine_for(pipeline).run(items)
-    finally:
-        del decoder._iterate
-    assert sync.count(pipeline.spec.name) - reads == iterations
+    reads, iterations = reads_per_iteration(pipeline, items)
+    assert reads == iterations
