@@ -584,7 +584,7 @@ class Decoder:
         llguidance fills them on a thread of its own, with the GIL released."""
         if all(m is None for m in matchers):
             return None
-        if self._bitmask is None or self._bitmask.shape[0] < len(matchers):
+        if self._bitmask is None:  # one row per slot: made once
             vocab = next(m for m in matchers if m is not None).grammar.tokenizer.vocab_size
             self._bitmask = new_bitmask(self.slots, vocab, pin=self.p.device.type == "cuda")
             self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
@@ -604,7 +604,7 @@ class Decoder:
         """Step `step`'s log-probabilities of `rows`' tokens `chosen`, under the model (before
         temperature and filters), and of the `scoring` most likely."""
         out = self.scores[step, rows]
-        logprobs = logits.float().log_softmax(dim=-1)
+        logprobs = logits.log_softmax(dim=-1)  # float already (`_masked`'s input)
         out[:, 0] = chosen
         out[:, 1] = logprobs.gather(1, chosen[:, None])[:, 0]
         if k := self.scoring:
