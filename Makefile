@@ -62,6 +62,8 @@ bench: models
 chaos: models
 	$(BIN)/python -m benchmarks.chaos.run --jobs 1000 --period 360 --steps 8 \
 	  --registry models/registry.yaml --out docs/chaos.md
+	$(BIN)/python -m benchmarks.chaos.run --jobs 1000 --period 360 --steps 8 \
+	  --registry models/registry.yaml --profile failover --out docs/chaos-failover.md
 
 # On a machine with a CUDA GPU: the image graph against diffusers' own pipeline, sync counts,
 # and the text decoder against transformers' continuous batching and static generate.

@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from benchmarks.chaos.sentinel_stack import SentinelStack
 from benchmarks.chaos.stack import Stack
 
 API_BACK_TIMEOUT = 120.0  # a restarted replica not answering by then never came back
@@ -22,6 +23,13 @@ ACTIONS = {
     "start_redis": "start Redis on its AOF",
     "pause_redis": "SIGSTOP Redis",
     "resume_redis": "SIGCONT Redis",
+    # A Sentinel stack's (sentinel_stack.py); `arg` is the sentinel for the sentinel steps.
+    "kill_primary": "SIGKILL the Redis primary, then wait for the sentinels' failover",
+    "restart_old_primary": "restart the killed primary as a replica of the new one",
+    "pause_replica": "SIGSTOP the Redis replica",
+    "resume_replica": "SIGCONT the Redis replica",
+    "kill_sentinel": "SIGKILL sentinel",
+    "restart_sentinel": "restart sentinel",
 }
 # Every kind of fault the issue asks for, as the steps that make one; a run missing one
 # injected fewer faults than it claims.
@@ -31,6 +39,16 @@ KINDS = {
     "Redis SIGKILL + AOF restart": ("kill_redis", "start_redis"),
     "Redis SIGSTOP/SIGCONT": ("pause_redis", "resume_redis"),
     "API restart while Redis is down": ("kill_api", "start_api"),
+}
+# The failover profiles' kinds; each kill_primary step must also show a failover the
+# sentinels made (FaultRunner.missing_kinds).
+FAILOVER_KINDS = {
+    "worker SIGKILL": ("kill_worker",),
+    "API SIGKILL + restart": ("kill_api", "start_api"),
+    "primary SIGKILL + failover": ("kill_primary",),
+    "old primary back as a replica": ("restart_old_primary",),
+    "replica SIGSTOP/SIGCONT": ("pause_replica", "resume_replica"),
+    "sentinel SIGKILL + restart": ("kill_sentinel", "restart_sentinel"),
 }
 
 
@@ -46,6 +64,13 @@ class Step:
         """The API replica an API step acts on."""
         if self.arg is None:
             raise ValueError(f"{self.action} names no API replica")
+        return self.arg
+
+    @property
+    def sentinel(self) -> int:
+        """The sentinel a sentinel step acts on."""
+        if self.arg is None:
+            raise ValueError(f"{self.action} names no sentinel")
         return self.arg
 
 
@@ -83,7 +108,43 @@ def none(_period: float | None = None) -> list[Step]:
     return []
 
 
-PROFILES = {"full": full, "short": short, "none": none}
+def _failover_pair(kill: float, back: float) -> list[Step]:
+    return [Step(kill, "kill_primary"), Step(back, "restart_old_primary")]
+
+
+def _pause(at: float, seconds: float) -> list[Step]:
+    return [Step(at, "pause_replica"), Step(at + seconds, "resume_replica")]
+
+
+def failover(period: float | None = None) -> list[Step]:
+    """`make chaos`'s second run, on a Sentinel stack: a serving worker killed every 8 s, two
+    failovers (each primary killed, the old one back as a replica 5 s later), the replica
+    frozen for 3 s twice while both nodes are up, a sentinel killed and restarted, and an API
+    replica killed and restarted. A failover's kill step lasts until the sentinels promote the
+    replica, so what follows it may run a few seconds late; the gaps allow for that."""
+    period = period or 120.0
+    steps = [Step(t, "kill_worker") for t in range(8, int(period), 8)]
+    steps += _failover_pair(0.2 * period, 0.2 * period + 5)
+    steps += _pause(0.32 * period, 3)
+    steps += [Step(0.4 * period, "kill_sentinel", 2), Step(0.45 * period, "restart_sentinel", 2)]
+    steps += [Step(0.5 * period, "kill_api", 0), Step(0.5 * period + 3, "start_api", 0)]
+    steps += _failover_pair(0.6 * period, 0.6 * period + 5)
+    steps += _pause(0.75 * period, 3)
+    return sorted(steps, key=lambda s: s.at)
+
+
+def failover_short(_period: float | None = None) -> list[Step]:
+    """The test's: one failover and one of each other fault, in about 30 s."""
+    return [Step(3, "kill_worker"), *_failover_pair(5, 10), *_pause(17, 3),
+            Step(21, "kill_sentinel", 2), Step(23, "restart_sentinel", 2),
+            Step(25, "kill_api", 0), Step(27, "start_api", 0), Step(29, "kill_worker")]
+
+
+PROFILES = {"full": full, "short": short, "none": none, "failover": failover,
+            "failover-short": failover_short}
+PROFILE_KINDS = {"full": KINDS, "short": KINDS, "none": {}, "failover": FAILOVER_KINDS,
+                 "failover-short": FAILOVER_KINDS}
+SENTINEL_PROFILES = {"failover", "failover-short"}  # run on a SentinelStack
 
 
 @dataclass
@@ -100,9 +161,11 @@ class Logged:
 
 
 class FaultRunner(threading.Thread):
-    def __init__(self, stack: Stack, steps: list[Step], t0: float) -> None:
+    def __init__(self, stack: Stack, steps: list[Step], t0: float,
+                 kinds: dict[str, tuple[str, ...]] | None = None) -> None:
         super().__init__(name="chaos-faults", daemon=True)
         self.stack, self.steps, self.t0 = stack, steps, t0
+        self.kinds = KINDS if kinds is None else kinds
         self.log: list[Logged] = []
         self._stop_event = threading.Event()
         self._watchers: list[threading.Thread] = []
@@ -147,6 +210,12 @@ class FaultRunner(threading.Thread):
             return f"pid {s.pause_redis()}"
         if step.action == "resume_redis":
             return f"pid {s.resume_redis()}"
+        if isinstance(s, SentinelStack):
+            if step.action in ("kill_primary", "restart_old_primary", "pause_replica",
+                               "resume_replica"):
+                return str(getattr(s, step.action)())
+            if step.action in ("kill_sentinel", "restart_sentinel"):
+                return str(getattr(s, step.action)(step.sentinel))
         raise ValueError(f"unknown fault step {step.action}")
 
     def cancel(self) -> None:
@@ -168,8 +237,13 @@ class FaultRunner(threading.Thread):
             return []  # the `none` profile
         done = [e for e in self.log if e.injected]
         actions = {e.step.action for e in done}
-        missing = [k for k, acts in KINDS.items() if not set(acts) <= actions]
+        missing = [k for k, acts in self.kinds.items() if not set(acts) <= actions]
         during_redis_down = [e for e in done if e.step.note == "while Redis is down"]
-        if len(during_redis_down) < 2 and "API restart while Redis is down" not in missing:
+        if ("API restart while Redis is down" in self.kinds and len(during_redis_down) < 2
+                and "API restart while Redis is down" not in missing):
             missing.append("API restart while Redis is down")
+        planned = sum(s.action == "kill_primary" for s in self.steps)
+        made = [f for f in getattr(self.stack, "failovers", []) if f.new_port != f.old_port]
+        if len(made) < planned:
+            missing.append(f"failovers ({len(made)} of {planned} seen)")
         return missing

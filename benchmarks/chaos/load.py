@@ -48,7 +48,11 @@ class Client:
             else:
                 if resp.status_code in (200, 202):
                     return resp.json()["id"]
-                if resp.status_code >= 500:
+                if _not_replicated(resp):
+                    # Designed: the job is stored on the primary and bound to the key, and a
+                    # retry returns it once a replica has it (shared/errors.py NotReplicated).
+                    r.submit_not_replicated += 1
+                elif resp.status_code >= 500:
                     r.submit_5xx += 1
                     r.example("submit_5xx", f"{resp.status_code} {resp.text[:160]}")
                 elif resp.status_code == 409:
@@ -87,6 +91,16 @@ class Client:
                 raise RuntimeError(f"GET {path}: no answer but 5xx or errors in {patience}s")
             await asyncio.sleep(0.5)
             attempt += 1
+
+
+def _not_replicated(resp: httpx.Response) -> bool:
+    if resp.status_code != 503:
+        return False
+    try:
+        body = resp.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "not_replicated" in (body.get("code"), body.get("type"))
 
 
 class Tracker:

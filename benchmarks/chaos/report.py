@@ -8,6 +8,7 @@ verdict cannot disagree about what a failure is.
 from dataclasses import dataclass, field
 
 from benchmarks.chaos.faults import ACTIONS, Logged
+from benchmarks.chaos.sentinel_stack import Failover
 
 # Counts that fail the run when non-zero, with the table's wording.
 FAILING = {
@@ -29,6 +30,8 @@ INFORMATIONAL = {
     "submit_conn_errors": "connection errors on submissions (retried, same key)",
     "submit_timeouts": "timeouts on submissions (retried, same key)",
     "submit_409": "409 answers on submissions (key still in progress; retried)",
+    "submit_not_replicated": "503 `not_replicated` on submissions (stored, no replica yet; "
+                             "retried, same key)",
     "webhook_duplicates": "webhook duplicates (same webhook-id and content: at-least-once)",
     "read_5xx": "5xx answers to status/output reads",
     "read_conn_errors": "connection errors or timeouts on status/output reads",
@@ -55,12 +58,14 @@ class ChaosResult:
     submit_conn_errors: int = 0
     submit_timeouts: int = 0
     submit_409: int = 0
+    submit_not_replicated: int = 0
     extra_jobs: int = 0
     read_5xx: int = 0
     read_conn_errors: int = 0
     fault_errors: int = 0
     faults: list[Logged] = field(default_factory=list)
     missing_fault_kinds: list[str] = field(default_factory=list)
+    failovers: list[Failover] = field(default_factory=list)  # as the sentinels made them
     last_fault_at: float | None = None  # seconds after the chaos phase started
     last_final_at: float | None = None  # the same clock: the last job's completed_at
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> duration
@@ -83,6 +88,19 @@ class ChaosResult:
             return f"no fault injected; {last}"
         return (f"last fault at +{self.last_fault_at:.1f} s, {last}: "
                 f"{self.recovery_seconds:.1f} s after the last fault")
+
+    def _failovers(self) -> list[str]:
+        if not self.failovers:
+            return []
+        lines = ["", "Failovers (the primary's port before and after; seconds from the kill "
+                 "until the sentinels named the new primary):", ""]
+        lines += [f"- :{f.old_port} -> :{f.new_port} in {f.seconds:.1f} s"
+                  for f in self.failovers]
+        lines += ["", f"Submissions rode out {self.submit_not_replicated} `503 not_replicated`, "
+                  f"{self.submit_timeouts} timeouts and {self.submit_conn_errors} connection "
+                  "errors, each retried with its Idempotency-Key; other 5xx answers fail the run "
+                  f"({self.submit_5xx})."]
+        return lines
 
     def failures(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in FAILING if getattr(self, k)}
@@ -116,6 +134,7 @@ class ChaosResult:
             lines.append("- none")
         if self.missing_fault_kinds:
             lines.append(f"- NOT INJECTED: {', '.join(self.missing_fault_kinds)}")
+        lines += self._failovers()
         lines += ["", "Phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())]
         if self.log_tracebacks:
             lines.append("Tracebacks in logs: " + ", ".join(

@@ -1,10 +1,13 @@
 """`make chaos`: a nemesis run. A whole stack as separate processes (Redis with AOF, two API
 replicas, the worker launcher with two workers, a webhook receiver) takes jobs while workers,
 API replicas and Redis are killed, restarted and frozen; then every accepted job is checked
-against the same job run without faults, and every webhook against its job.
+against the same job run without faults, and every webhook against its job. The failover
+profiles run on Redis Sentinel instead (a primary, a replica, three sentinels:
+sentinel_stack.py), killing the primary so that the sentinels promote the replica.
 
     python -m benchmarks.chaos.run --jobs 1000 --registry models/registry.yaml
-        [--profile full|short|none] [--out docs/chaos.md] [--workdir run/chaos]
+        [--profile full|short|none|failover|failover-short] [--out docs/chaos.md]
+        [--workdir run/chaos]
 
 Exits non-zero when any job was lost, stuck, failed or wrong, a webhook was missing, unsigned
 or contradicting its job, or a submission got a 5xx (tests/benchmarks/chaos/test_chaos.py runs a
@@ -26,6 +29,7 @@ from benchmarks.chaos.faults import FaultRunner
 from benchmarks.chaos.load import Client, Tracker
 from benchmarks.chaos.receiver import Receiver, judge_webhooks
 from benchmarks.chaos.report import ChaosResult
+from benchmarks.chaos.sentinel_stack import SentinelStack
 from benchmarks.chaos.stack import Stack
 from benchmarks.machine import machine
 from services.devstack.redis_server import free_port, free_ports
@@ -107,7 +111,8 @@ def run(cfg: ChaosConfig) -> ChaosResult:
     workdir = cfg.workdir / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
     result = ChaosResult(cfg.profile, cfg.jobs, cfg.combos)
-    stack = Stack(workdir, stack_env(cfg, secret))
+    sentinel = cfg.profile in faults.SENTINEL_PROFILES
+    stack = (SentinelStack if sentinel else Stack)(workdir, stack_env(cfg, secret))
     receiver = Receiver(free_port(), secret)
     t = time.monotonic()
     try:
@@ -120,7 +125,7 @@ def run(cfg: ChaosConfig) -> ChaosResult:
     finally:
         receiver.close()
         stack.close()
-        result.log_tracebacks = {p.name: n for p in stack.logdir.glob("*.log")
+        result.log_tracebacks = {str(p.relative_to(workdir)): n for p in stack.log_files()
                                  if (n := p.read_text(errors="replace").count("Traceback"))}
     result.seconds["total"] = time.monotonic() - t
     print(f"chaos run {workdir}: logs in {stack.logdir}", file=sys.stderr)
@@ -200,7 +205,7 @@ async def _chaos(parts: Parts, bodies: list[dict], expected: list[list]) -> set[
     sem = asyncio.Semaphore(cfg.concurrency)
     run_tag = secrets.token_hex(4)
     t0 = time.time()
-    runner = FaultRunner(parts.stack, parts.steps, t0)
+    runner = FaultRunner(parts.stack, parts.steps, t0, faults.PROFILE_KINDS[cfg.profile])
     runner.start()
 
     async def submit(n: int) -> None:
@@ -225,6 +230,8 @@ async def _chaos(parts: Parts, bodies: list[dict], expected: list[list]) -> set[
         runner.cancel()
         runner.finish()
     result.faults, result.last_fault_at = runner.log, runner.last_fault_at
+    if isinstance(parts.stack, SentinelStack):
+        result.failovers = list(parts.stack.failovers)
     result.missing_fault_kinds = runner.missing_kinds()
     result.fault_errors = (sum(not e.ok for e in runner.log) + len(result.missing_fault_kinds)
                            + sum(e.step.action == "start_api" and e.answered_after is None

@@ -139,10 +139,17 @@ class Stack:
         os.kill(pid, signal.SIGKILL)
         return f"pid {pid}" + ("" if serving is not None else " (Redis unreachable: oldest)")
 
+    def primary_port(self) -> int | None:
+        """The port of the Redis that takes writes now (a Sentinel stack's moves)."""
+        return self.redis_port
+
     def _serving_pids(self) -> set[int] | None:
+        port = self.primary_port()
+        if port is None:
+            return None
         # One try, one second: redis-py's default retries would hold a fault schedule for
         # ~15 s against a frozen Redis.
-        client = redis.Redis(port=self.redis_port, socket_timeout=1, socket_connect_timeout=1,
+        client = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1,
                              retry=Retry(NoBackoff(), 0))
         try:
             keys = client.keys(f"{names.WORKER_PREFIX}*")
@@ -153,16 +160,22 @@ class Stack:
         return {int((k.decode() if isinstance(k, bytes) else k).rsplit("/", 1)[1]) for k in keys}
 
     def stored_job_ids(self) -> set[str]:
-        client = redis.Redis(port=self.redis_port, decode_responses=True)
+        port = self.primary_port()
+        if port is None:
+            raise RuntimeError("no Redis primary to read the stored jobs from")
+        client = redis.Redis(port=port, decode_responses=True)
         try:
             return {k.split(":")[2] for k in client.scan_iter(names.job_key("*"), count=1000)
                     if k.count(":") == 2}
         finally:
             client.close()
 
+    def log_files(self) -> list[Path]:
+        return sorted(self.logdir.glob("*.log"))
+
     def tails(self, chars: int = 3000) -> str:
         out = []
-        for path in sorted(self.logdir.glob("*.log")):
+        for path in self.log_files():
             text = path.read_text(errors="replace")
             out.append(f"==> {path} (last {min(chars, len(text))} chars) <==\n{text[-chars:]}")
         return "\n".join(out)
