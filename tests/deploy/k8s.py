@@ -85,6 +85,21 @@ def main_container(workload: dict) -> dict:
     return cs[0]
 
 
+def container_named(workload: dict, name: str) -> dict:
+    """A container of a pod with several (Redis's data node beside its sentinel)."""
+    found = [c for c in pod_spec(workload)["containers"] if c["name"] == name]
+    assert len(found) == 1, f"{workload['metadata']['name']}: expected one container {name}"
+    return found[0]
+
+
+def workload_port(workload: dict, port: int | str) -> int:
+    """A port by number or by name, as one of any of the workload's containers' ports."""
+    for c in pod_spec(workload)["containers"]:
+        if any(port in (p["containerPort"], p.get("name")) for p in c.get("ports") or []):
+            return container_port(c, port)
+    raise AssertionError(f"{workload['metadata']['name']} has no port {port!r}")
+
+
 def env_list(container: dict) -> list[dict]:
     return list(container.get("env") or [])
 

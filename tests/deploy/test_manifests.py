@@ -21,7 +21,12 @@ from tests.deploy.kustomize import key
 API_MODULE, API_ATTR = "services.api.app", "app"
 API_SERVE = ["python", "-m", "services.api.serve"]
 WORKER_MODULE = "services.worker.launcher"
-SECRET_KEYS = {"FIBERMILL_API_KEYS", "FIBERMILL_WEBHOOK_SECRET", "REDIS_PASSWORD"}
+SECRET_KEYS = {
+    "FIBERMILL_API_KEYS",
+    "FIBERMILL_WEBHOOK_SECRET",
+    "FIBERMILL_REDIS_SENTINEL_PASSWORD",
+    "REDIS_PASSWORD",
+}
 
 
 def serve_args(command: list[str]) -> dict:
@@ -140,7 +145,7 @@ def test_redis_url_carries_the_password(rendered, component):
     targets = k8s.selected_workloads(rendered, service["spec"]["selector"])
     assert targets == [redis(rendered)]
     # the same secret key is the Redis server's requirepass
-    redis_env = k8s.env_list(k8s.main_container(redis(rendered)))
+    redis_env = k8s.env_list(k8s.container_named(redis(rendered), "redis"))
     server_password = next(v for v in redis_env if v["name"] == "REDIS_PASSWORD")
     assert server_password["valueFrom"]["secretKeyRef"] == password
 
@@ -301,9 +306,8 @@ def test_services_select_one_workload_and_its_ports(rendered):
     for service in k8s.find(rendered, "Service"):
         targets = k8s.selected_workloads(rendered, service["spec"]["selector"])
         assert len(targets) == 1, service["metadata"]["name"]
-        container = k8s.main_container(targets[0])
         for port in service["spec"]["ports"]:
-            k8s.container_port(container, port["targetPort"])
+            k8s.workload_port(targets[0], port["targetPort"])
             assert port.get("name"), "named ports (monitors refer to them by name)"
 
 
@@ -330,8 +334,8 @@ def test_workers_get_exactly_one_gpu(rendered):
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["resources"]["requests"].get("nvidia.com/gpu", 1) == 1
     for component in ("api", "redis"):
-        limits = k8s.main_container(k8s.workload_for(rendered, component))["resources"]["limits"]
-        assert "nvidia.com/gpu" not in limits
+        for c in k8s.containers(k8s.workload_for(rendered, component)):
+            assert "nvidia.com/gpu" not in c["resources"]["limits"], (component, c["name"])
 
 
 def sleep_seconds(hook: dict) -> int:
@@ -368,7 +372,7 @@ def test_api_has_a_prestop_and_survives_disruptions(rendered):
     assert (
         0 < sleep_seconds(container["lifecycle"]) < k8s.pod_spec(w)["terminationGracePeriodSeconds"]
     )
-    pdb = k8s.one(rendered, "PodDisruptionBudget")
+    pdb = k8s.one(rendered, "PodDisruptionBudget", w["metadata"]["name"])
     assert k8s.selected_workloads(rendered, pdb["spec"]["selector"]) == [w]
     hpa = k8s.one(rendered, "HorizontalPodAutoscaler")
     assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
@@ -405,13 +409,14 @@ def test_autoscaled_deployments_leave_replicas_to_the_autoscaler(rendered):
 def test_redis_is_durable_and_password_protected(rendered):
     sts = redis(rendered)
     assert sts["kind"] == "StatefulSet"
-    container = k8s.main_container(sts)
-    assert container["image"].split(":")[0] == "redis" and container["image"].split(":")[
-        1
-    ].startswith("7")
-    argv = container["command"] + container["args"]
-    assert argv[0] == "redis-server"
-    options = dict(zip(argv[1::2], argv[2::2], strict=True))
+    container = k8s.container_named(sts, "redis")
+    image, tag = container["image"].split(":")
+    assert image == "redis" and tag.startswith("7")
+    # The role script chooses replicaof, then runs redis-server with the container's args.
+    (script,) = [a for a in container["command"] if a.startswith("/scripts/")]
+    text = k8s.one(rendered, "ConfigMap", "fibermill-redis-scripts")["data"][Path(script).name]
+    assert 'exec redis-server "$@"' in text
+    options = dict(zip(container["args"][::2], container["args"][1::2], strict=True))
     assert options["--appendonly"] == "yes"
     # The fsync policy is one setting: everysec by default, `always` a one-line switch.
     assert options["--appendfsync"] == "$(REDIS_APPENDFSYNC)"
@@ -422,7 +427,11 @@ def test_redis_is_durable_and_password_protected(rendered):
     switch = (k8s.OVERLAY / "patches" / "settings.yaml").read_text()
     assert f"# {ref['key']}: always" in switch
     assert options["--maxmemory-policy"] == "noeviction"
-    assert options["--requirepass"] == "$(REDIS_PASSWORD)"
+    assert options["--hash-max-listpack-value"] == "1024"
+    assert options["--requirepass"] == options["--masterauth"] == "$(REDIS_PASSWORD)"
+    # an isolated primary refuses writes
+    assert options["--min-replicas-to-write"] == "1"
+    assert int(options["--min-replicas-max-lag"]) <= 10
     assert "--maxmemory" in options
     data_dir = options["--dir"]
     templates = {t["metadata"]["name"]: t for t in sts["spec"]["volumeClaimTemplates"]}
@@ -433,7 +442,9 @@ def test_redis_is_durable_and_password_protected(rendered):
     assert governing["spec"]["clusterIP"] == "None"
 
 
-def test_redis_is_reachable_only_from_api_and_workers(rendered):
+def test_redis_is_reachable_only_from_api_workers_and_its_peers(rendered):
+    """Clients and replication on 6379, sentinels on 26379: from the API, the workers and the
+    Redis pods (replicas, sentinels watching each other), nothing else."""
     policies = [
         p
         for p in k8s.find(rendered, "NetworkPolicy")
@@ -443,14 +454,20 @@ def test_redis_is_reachable_only_from_api_and_workers(rendered):
     policy = policies[0]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
-    assert [p["port"] for p in rule["ports"]] == [6379]
+    sts = redis(rendered)
+    ports = [k8s.workload_port(sts, "redis"), k8s.workload_port(sts, "sentinel")]
+    assert sorted(p["port"] for p in rule["ports"]) == sorted(ports) == [6379, 26379]
     allowed = set()
     for peer in rule["from"]:
         assert set(peer) == {"podSelector"}, "pods of this namespace only"
         allowed |= {
             w["metadata"]["name"] for w in k8s.selected_workloads(rendered, peer["podSelector"])
         }
-    assert allowed == {api(rendered)["metadata"]["name"], worker(rendered)["metadata"]["name"]}
+    assert allowed == {
+        api(rendered)["metadata"]["name"],
+        worker(rendered)["metadata"]["name"],
+        sts["metadata"]["name"],
+    }
 
 
 def test_prometheus_may_scrape_the_workers(rendered):
