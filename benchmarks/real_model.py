@@ -42,7 +42,7 @@ import yaml
 from benchmarks import qwen_shape
 from benchmarks.isolated import isolated
 from benchmarks.peer_servers import Server, litserve_available, litserve_server
-from benchmarks.peers import FINAL, LITSERVE_BATCH_TIMEOUT, Load, _turn, closed_loop, ratio
+from benchmarks.peers import LITSERVE_BATCH_TIMEOUT, Load, _turn, closed_loop, final_job, ratio
 from benchmarks.stack import bench_stack
 
 BATCH = 32
@@ -120,10 +120,7 @@ def fibermill_send(model: str):
             async with http.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"}) as r:
                 r.raise_for_status()
                 job = await r.json()
-            while job["status"] not in FINAL:
-                await asyncio.sleep(0.1)
-                async with http.get(f"/v1/jobs/{job['id']}") as r:
-                    job = await r.json()
+            job = await final_job(http, job)
             if job["status"] != "succeeded":
                 raise RuntimeError(f"job {job['id']} {job['status']}: {job.get('error')}")
             return (job.get("output") or [{}])[0].get("tokens")

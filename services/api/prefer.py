@@ -1,5 +1,6 @@
-"""RFC 7240 `Prefer: wait=N` on job creation: answer once the job is final, or after N
-seconds (capped by `FIBERMILL_MAX_WAIT_SECONDS`), whichever comes first."""
+"""RFC 7240 `Prefer: wait=N` on a job's creation and on its GET (a long poll): answer once
+the job is final, or after N seconds (capped by `FIBERMILL_MAX_WAIT_SECONDS`), whichever comes
+first."""
 
 import re
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ def prefer_wait(prefer: str | None, limit: int) -> int | None:
 
 @dataclass
 class PreferWait:
-    """What `Prefer: wait` asked of a create: the job once final, or after `seconds`."""
+    """What `Prefer: wait` asked of a create or a GET: the job once final, or after
+    `seconds`."""
 
     seconds: int | None
     hub: EventHub
@@ -34,7 +36,8 @@ class PreferWait:
     caller: str
 
     async def apply(self, rec: JobRecord, response: Response) -> JobRecord:
-        """`rec` is the job as just created (or found by its Idempotency-Key)."""
+        """`rec` is the job as just created (or found by its Idempotency-Key), or as a GET
+        loaded it."""
         if self.seconds is None or self.watchers.refusal(self.caller) is not None:
             return rec  # past the replica's bound on waits: answered at once, not refused
         response.headers["Preference-Applied"] = f"wait={self.seconds}"

@@ -1,6 +1,7 @@
 """Create semantics on the real app and Redis (no workers): Idempotency-Key, Prefer: wait,
 deadlines, and cancel of a queued job."""
 
+import threading
 import time
 
 import pytest
@@ -110,3 +111,30 @@ def test_replay_is_not_refused_by_a_full_queue_and_a_too_big_job_is_422(settings
         big = {**TEXT, "input": {"prompts": ["a", "b", "c"]}}
         resp = client.post("/v1/jobs", json=big)
         assert resp.status_code == 422 and "queues at most 2" in resp.json()["detail"][0]["msg"]
+
+
+def test_prefer_wait_on_get_answers_once_the_job_is_final(client):
+    job = client.post("/v1/jobs", json=TEXT).json()
+    threading.Timer(0.5, lambda: client.post(f"/v1/jobs/{job['id']}/cancel")).start()
+    t0 = time.monotonic()
+    resp = client.get(f"/v1/jobs/{job['id']}", headers={"Prefer": "wait=10"})
+    elapsed = time.monotonic() - t0
+    assert resp.status_code == 200 and resp.json()["status"] == "canceled"
+    assert resp.headers["Preference-Applied"] == "wait=10"
+    assert 0.4 <= elapsed < 5
+
+
+def test_prefer_wait_on_get_answers_after_n_seconds_when_not_final(client):
+    job = client.post("/v1/jobs", json=TEXT).json()
+    t0 = time.monotonic()
+    resp = client.get(f"/v1/jobs/{job['id']}", headers={"Prefer": "wait=1"})
+    assert 0.9 <= time.monotonic() - t0 < 5
+    assert resp.status_code == 200 and resp.json()["status"] == "queued"
+    assert "queue" in resp.json()
+
+
+def test_get_without_prefer_answers_at_once(client):
+    job = client.post("/v1/jobs", json=TEXT).json()
+    t0 = time.monotonic()
+    resp = client.get(f"/v1/jobs/{job['id']}")
+    assert time.monotonic() - t0 < 0.5 and "Preference-Applied" not in resp.headers

@@ -74,9 +74,12 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=Job, responses=errors(401, 404, 410))
-async def get_job(job: JobDep, settings: SettingsDep, redis: RedisDep) -> Job:
+async def get_job(job: JobDep, response: Response, prefer_wait: PreferWaitDep,
+                  settings: SettingsDep, redis: RedisDep) -> Job:
     """The job, with its outputs so far; while it is queued, its place in its model's line
-    and an estimate of when it starts (`queue`)."""
+    and an estimate of when it starts (`queue`). `Prefer: wait=N` holds the answer up to N
+    seconds for the job to finish (a long poll: one request a wait instead of one a tick)."""
+    job = await prefer_wait.apply(job, response)
     out = envelope(job, settings.public_url)
     out.queue = await queue_position(redis, job, settings.throughput_window_seconds)
     return out
