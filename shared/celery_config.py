@@ -1,7 +1,10 @@
 """The Celery configuration both sides use: the API to send sub-requests, workers to run them."""
 
 from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote
 
+import redis
 from celery import Celery
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
@@ -70,13 +73,46 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The channel above on the primary the sentinels name: kombu's Sentinel channel opens
+    its connections through redis-py's Sentinel pool, which follows a failover (a demoted
+    primary's READONLY and unblocked BRPOPs reconnect to the new one)."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 TRANSPORT = f"{__name__}:Transport"
+SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
+
+
+def broker(settings: Settings) -> tuple[str, str, dict[str, Any]]:
+    """The broker URL, transport and transport options of `settings`' Redis: its URL, or with
+    Sentinel each sentinel as `sentinel://` (the data nodes' password and database from
+    FIBERMILL_REDIS_URL) and the primary's name."""
+    if not settings.sentinel_addresses:
+        return settings.redis_url, TRANSPORT, {}
+    node = redis.connection.parse_url(settings.redis_url)
+    auth = f":{quote(node['password'], safe='')}@" if node.get("password") else ""
+    db = node.get("db", 0)
+    url = ";".join(f"sentinel://{auth}{_host(h)}:{p}/{db}" for h, p in settings.sentinel_addresses)
+    password = settings.redis_sentinel_password
+    return url, SENTINEL_TRANSPORT, {
+        "master_name": settings.redis_sentinel_master,
+        "sentinel_kwargs": {"password": password.get_secret_value() if password else None},
+    }
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def make_celery(settings: Settings, name: str = "fibermill") -> Celery:
-    app = Celery(name, broker=settings.redis_url)
+    url, transport, sentinel_options = broker(settings)
+    app = Celery(name, broker=url)
     app.conf.update(
-        broker_transport=TRANSPORT,
+        broker_transport=transport,
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
@@ -97,6 +133,7 @@ def make_celery(settings: Settings, name: str = "fibermill") -> Celery:
             # only breaks ties at equal priority; "priority" would always prefer the first
             # model in a worker's -Q list and starve the others, round robin takes turns.
             "queue_order_strategy": "round_robin",
+            **sentinel_options,
         },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -2,6 +2,7 @@
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,23 @@ class ServiceUnavailable(FibermillError):
     def __init__(self, message: str, retry_after: int = 5) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class NotReplicated(ServiceUnavailable):
+    """A write that makes a job reached the Redis primary but not the replicas it must wait
+    for (`FIBERMILL_REDIS_MIN_REPLICAS`) in time: a failover now could lose it. A job's
+    creation answers 503 then; retried with the same Idempotency-Key it returns that job."""
+
+    code = "not_replicated"
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int, job: Any = None) -> None:
+        super().__init__(f"the job was stored on the Redis primary, but {acked} of the "
+                         f"{wanted} replicas it must reach acknowledged it within "
+                         f"{timeout_ms} ms; retry with the same Idempotency-Key",
+                         retry_after=2)
+        self.acked = acked
+        self.wanted = wanted
+        self.job = job  # the record as stored on the primary
 
 
 class RateLimited(FibermillError):

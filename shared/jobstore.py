@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from shared import names
 from shared import redis_replies as replies
-from shared.errors import InvalidTransition, JobNotFound
+from shared.errors import InvalidTransition, JobNotFound, NotReplicated
 from shared.job import FINAL_STATUSES, JobMeta, JobStatus, WebhookDelivery
 from shared.job_log import JobEnd, job_ended
 from shared.messages import (
@@ -118,7 +118,8 @@ class JobStore:
         With `bucket`, the job first takes a token from it; with none left, nothing is stored
         and RateLimited says how long until one is back.
         Called again with the same id (a retry after a lost reply), it stores and sends nothing
-        and returns the job as stored."""
+        and returns the job as stored. NotReplicated (holding the job) when it was stored but
+        reached fewer replicas than the client waits for."""
         meta = job.meta or JobMeta()
         mapping = {
             # Defaults and nulls left out: every byte is kept per job for the record's TTL.
@@ -140,7 +141,7 @@ class JobStore:
         if job.watched:
             mapping["watch"] = "1"
         trim = next(self._creates) % TRIM_INDEX_EVERY == 0
-        created = await jobs.create_job(
+        created, replication = await jobs.create_job(
             self.redis,
             row=jobs.JobRow(job_id=job.id, model=job.model, owner=meta.owner, total=job.total,
                             fields=[x for kv in mapping.items() for x in kv],
@@ -152,8 +153,12 @@ class JobStore:
             raise bucket.refusal(-created)
         if created == 0:
             return await self.get(job.id)
-        return JobRecord(job.id, job.task, job.model, JobStatus.QUEUED, job.input, job.total,
-                         created, meta=meta)
+        rec = JobRecord(job.id, job.task, job.model, JobStatus.QUEUED, job.input, job.total,
+                        created, meta=meta)
+        if replication.short:
+            raise NotReplicated(replication.acked, replication.wanted, replication.timeout_ms,
+                                job=rec)
+        return rec
 
     async def recent(self, owner: str | None, limit: int) -> list[JobRecord]:
         """The owner's most recent jobs, newest first (expired ones are skipped)."""

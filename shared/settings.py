@@ -22,9 +22,21 @@ class KeyQuotas(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FIBERMILL_", extra="ignore")
 
+    # The Redis: its address, or with Sentinel only its password and database (the primary's
+    # address comes from the sentinels).
     redis_url: str = "redis://127.0.0.1:6379/0"
     # How long a Redis command is retried before its caller sees the error (shared/redis_client).
     redis_retry_seconds: float = Field(20.0, ge=0)
+    # Redis Sentinel: `host:port,host:port,...` of the sentinels and the name they monitor the
+    # primary by; set, every client asks them where the primary is and follows a failover.
+    redis_sentinels: str = ""
+    redis_sentinel_master: str = "fibermill"
+    redis_sentinel_password: SecretStr | None = None  # the sentinels' own (`requirepass`)
+    # Replicas that must hold the writes that make a job (its creation, results, final state)
+    # before they count as done (Redis WAIT): replication is asynchronous, and a replica
+    # promoted by a failover lacks what it was not sent. Unset: 1 with Sentinel, else 0.
+    redis_min_replicas: int | None = Field(None, ge=0)
+    redis_replica_timeout_ms: int = Field(2000, ge=1)
     model_registry: Path = REPO_ROOT / "models" / "registry.yaml"
 
     # Jobs
@@ -214,6 +226,30 @@ class Settings(BaseSettings):
         if self.blob_backend == "s3" and not self.s3_bucket:
             raise ValueError("blob_backend s3 needs s3_bucket (FIBERMILL_S3_BUCKET)")
         return self
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels_are_addresses(cls, value: str) -> str:
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            host, sep, port = part.rpartition(":")
+            if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"{part!r} is not host:port (FIBERMILL_REDIS_SENTINELS is "
+                                 "host:port,host:port,...)")
+        return value
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        out = []
+        for part in filter(None, (p.strip() for p in self.redis_sentinels.split(","))):
+            host, _, port = part.rpartition(":")
+            out.append((host.strip("[]"), int(port)))
+        return out
+
+    @property
+    def replicas_to_wait(self) -> int:
+        if self.redis_min_replicas is not None:
+            return self.redis_min_replicas
+        return 1 if self.sentinel_addresses else 0
 
     @property
     def lost_after_seconds(self) -> float:

@@ -12,7 +12,7 @@ from services.api.context_window import ContextWindows
 from services.api.dispatch import Dispatcher
 from services.api.quotas import Quotas
 from services.api.webhooks.ssrf import check_webhook_url
-from shared.errors import InvalidInput, Problem
+from shared.errors import InvalidInput, NotReplicated, Problem
 from shared.inputs import TaskInput, TextGenerationInput, validate_input
 from shared.job import BATCH_PRIORITY, JobMeta, JobOptions, JobRequest, JobStatus
 from shared.job_ids import new_job_id
@@ -91,8 +91,13 @@ class Submissions:
                            base_url=base_url)
             job = NewJob(probe.id, probe.task, probe.model, probe.input, len(subs), meta,
                          watched=watched)
+            unreplicated: NotReplicated | None = None
             try:
                 rec = await self.store.create(job, enqueue=enqueue, bucket=bucket)
+            except NotReplicated as exc:
+                # Stored, and it will run: the Idempotency-Key is bound to it (a retry returns
+                # it), and the caller hears that a failover now could lose it.
+                unreplicated, rec = exc, exc.job
             except BaseException:
                 if reserved is not None:
                     await self.quotas.release_batch_work(principal.key_id, spec.name, reserved)
@@ -104,6 +109,8 @@ class Submissions:
             self.depths.added(spec.name, len(subs))
         if enqueue is None:
             await self.store.mark_dispatched(rec.id)  # nothing to send
+        if unreplicated is not None:
+            raise unreplicated
         return Submitted(rec, created=True)
 
     async def _check(

@@ -5,6 +5,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -62,13 +63,14 @@ TUNING = ["--hash-max-listpack-value", "1024"]
 
 
 def start_redis(port: int, workdir: Path, appendonly: bool = True,
-                **popen) -> subprocess.Popen:
-    """Start redis-server on 127.0.0.1:port, with AOF so a restart keeps jobs, and wait for it."""
+                args: Sequence[str] = (), **popen) -> subprocess.Popen:
+    """Start redis-server on 127.0.0.1:port, with AOF so a restart keeps jobs, and wait for it.
+    `args`: more of redis-server's options (`--replicaof host port`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
         "--save", "", "--appendonly", "yes" if appendonly else "no",
-        "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", *TUNING,
+        "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", *TUNING, *args,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, **popen)
     deadline = time.time() + 10

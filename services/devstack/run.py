@@ -1,4 +1,5 @@
-"""`make run`: Redis (unless FIBERMILL_REDIS_URL names one), the API and the workers.
+"""`make run`: Redis (unless FIBERMILL_REDIS_URL or FIBERMILL_REDIS_SENTINELS names one), the
+API and the workers.
 
 Listens on 127.0.0.1 unless FIBERMILL_API_HOST says otherwise, and prints who can reach it.
 State (Redis data, pid files, a lock) lives in run/ (FIBERMILL_RUN_DIR): a second `make run`
@@ -26,6 +27,7 @@ from services.devstack.stopping import (
     WORKERS_MARGIN_SECONDS,
     Child,
     Stopper,
+    current_primary,
     drain_wait_seconds,
     forget_lost_workers,
     running_jobs,
@@ -211,7 +213,9 @@ def main() -> int:
     failed = False
     redis_url = os.environ.get("FIBERMILL_REDIS_URL", "")
     try:
-        if redis_url:
+        if settings.sentinel_addresses:
+            redis_cli = _sentinel_banner(settings)
+        elif redis_url:
             safe_url, secret = _without_password(redis_url)
             redis_cli = f"redis-cli -u {safe_url}" + (" --askpass" if secret else "")
             print(f"Redis:   {safe_url} (from FIBERMILL_REDIS_URL)")
@@ -266,7 +270,8 @@ def main() -> int:
                     break
     except _Stop:
         pass
-    held = running_jobs(redis_url) if redis_url else {}
+    held = (running_jobs(settings.model_copy(update={"redis_url": redis_url}))
+            if redis_url or settings.sentinel_addresses else {})
     print("\n" + stop_message(held, drain_wait_seconds(settings)), flush=True)
     stopper.stop()
     for pidfile in RUN_DIR.glob("*.pid"):
@@ -285,6 +290,19 @@ def _write_pid(name: str, pid: int) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _sentinel_banner(settings: Settings) -> str:
+    """Print where the Redis is (the sentinels, and the primary they name now); the
+    redis-cli command that reaches the primary."""
+    shown = ",".join(f"{h}:{p}" for h, p in settings.sentinel_addresses)
+    primary = current_primary(settings)
+    where = f"{primary[0]}:{primary[1]}" if primary else "not known yet"
+    print(f"Redis:   primary {settings.redis_sentinel_master!r} from the sentinels {shown} "
+          f"(FIBERMILL_REDIS_SENTINELS), now {where}")
+    _, secret = _without_password(settings.redis_url)
+    host, port = primary or settings.sentinel_addresses[0]
+    return f"redis-cli -h {host} -p {port}" + (" --askpass" if secret else "")
 
 
 def _without_password(url: str) -> tuple[str, bool]:

@@ -23,6 +23,7 @@ import redis
 from services.worker.drain import DRAIN_STOP_GRACE_SECONDS
 from shared import names
 from shared.messages import WorkerHeartbeat
+from shared.redis_client import connect_sync, primary_address
 from shared.settings import Settings
 
 # Past the worker's own drain and stop grace, how long the launcher gives a worker before it
@@ -35,12 +36,12 @@ def drain_wait_seconds(settings: Settings) -> float:
     return settings.drain_seconds + DRAIN_STOP_GRACE_SECONDS
 
 
-def running_jobs(redis_url: str) -> dict[str, set[str]] | None:
+def running_jobs(settings: Settings) -> dict[str, set[str]] | None:
     """The jobs a live lease holds, by the worker slot that runs them ("cpu0"); None when
     Redis does not answer at once (the message then does without the count)."""
     try:
-        with redis.Redis.from_url(redis_url, socket_timeout=1, socket_connect_timeout=1,
-                                  decode_responses=True) as client:
+        with connect_sync(settings, socket_timeout=1, socket_connect_timeout=1,
+                          decode_responses=True) as client:
             now, micros = client.time()
             members = client.zrangebyscore(names.LEASES, f"({now + micros / 1e6}", "+inf")
             owners = []
@@ -58,6 +59,14 @@ def running_jobs(redis_url: str) -> dict[str, set[str]] | None:
         name = owner.split("/", 1)[0]  # a worker id is "<slot name>/<pid>"
         held[name.removeprefix(host)].add(job_id)
     return dict(held)
+
+
+def current_primary(settings: Settings) -> tuple[str, int] | None:
+    """The address the sentinels give for the primary now; None when none answers."""
+    try:
+        return primary_address(settings)
+    except (redis.RedisError, OSError):
+        return None
 
 
 def forget_lost_workers(redis_url: str) -> int:

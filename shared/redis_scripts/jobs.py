@@ -12,6 +12,7 @@ from shared import redis_replies as replies
 from shared.errors import JobNotFound
 from shared.messages import CancelNotice, SubResult
 from shared.redis_scripts.loader import Script
+from shared.replication import Replication
 from shared.throughput import BUCKET_SECONDS
 from shared.token_bucket import TokenBucket
 from shared.usage import DAY_SECONDS, subresult_usage
@@ -59,12 +60,14 @@ class JobRow:
 
 
 async def create_job(redis: aioredis.Redis, *, row: JobRow, enqueue: Enqueue | None,
-                     bucket: TokenBucket | None, trim_index_to: int | None) -> float:
-    """The time the job was created; 0.0 when it existed already (nothing was done); with no
-    token left in `bucket`, minus the seconds until one is back (nothing was stored).
+                     bucket: TokenBucket | None, trim_index_to: int | None
+                     ) -> tuple[float, Replication]:
+    """The time the job was created, and how many replicas hold it; 0.0 when it existed
+    already (nothing was done); with no token left in `bucket`, minus the seconds until one is
+    back (nothing was stored).
     `enqueue` None: the caller sends the messages itself (the job is marked as dispatching).
     `trim_index_to` None: the owner's index is not trimmed this time."""
-    reply = await CREATE_JOB.run(
+    reply, replication = await CREATE_JOB.run_durably(
         redis,
         [names.job_key(row.job_id), names.backlog_key(row.model),
          names.jobs_index_key(row.owner), names.DEADLINES, names.DISPATCHING,
@@ -74,7 +77,8 @@ async def create_job(redis: aioredis.Redis, *, row: JobRow, enqueue: Enqueue | N
          _opt(row.deadline_seconds), _opt(trim_index_to), "1" if enqueue else "0",
          len(row.fields), *row.fields, *(enqueue.messages if enqueue else ())],
     )
-    return float(reply) if isinstance(reply, int) else float(replies.text(reply))
+    created = float(reply) if isinstance(reply, int) else float(replies.text(reply))
+    return created, replication
 
 
 # finalize.lua -------------------------------------------------------------------------------
@@ -92,7 +96,7 @@ async def finalize(redis: aioredis.Redis, *, job_id: str, model: str, final: Fin
     """When the job became final (completed_at); None when it already was; JobNotFound when it
     is gone. `flags`: '*' for anything, else what the job has: w webhook deliveries, d a
     deadline, f a `completed` webhook, k outstanding sub-requests in `model`'s backlog."""
-    reply = await FINALIZE.run(
+    reply, _ = await FINALIZE.run_durably(
         redis,
         [names.job_key(job_id), names.results_key(job_id), names.attempts_key(job_id),
          names.webhooks_key(job_id), names.COMPLETIONS_STREAM, names.backlog_key(model),
@@ -127,7 +131,7 @@ async def store_result(redis: aioredis.Redis, *, job_id: str, model: str, result
     made a job of one sub-request final (only with `output_json`, the job's output from it).
     `event` is published on the job's channel with the result, when its live events are
     wanted."""
-    reply = await STORE_RESULT.run(
+    reply, _ = await STORE_RESULT.run_durably(
         redis,
         [names.job_key(job_id), names.results_key(job_id), names.COMPLETIONS_STREAM,
          names.LEASES, names.backlog_key(model), names.attempts_key(job_id),

@@ -2,6 +2,7 @@
 
 import functools
 import re
+import time
 import weakref
 from collections.abc import Sequence
 from importlib import resources
@@ -9,6 +10,8 @@ from importlib import resources
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
+
+from shared.replication import NOT_ASKED, Replication, note
 
 SCRIPTS_DIR = "scripts"
 FRAGMENTS_DIR = "fragments"
@@ -68,6 +71,30 @@ class Script:
                   args: Sequence[EncodableT]) -> object:
         """EVALSHA (and SCRIPT LOAD first, when the server does not have it yet)."""
         return await self.on(redis)(keys=keys, args=args)
+
+    async def run_durably(self, redis: aioredis.Redis, keys: Sequence[str],
+                          args: Sequence[EncodableT]) -> tuple[object, Replication]:
+        """`run`, then WAIT for the replicas the client asks for, on the same connection (WAIT
+        counts the replicas holding that connection's writes): the script's reply and how many
+        hold what it wrote. With none to acknowledge (a failover took the only replica, one is
+        paused), WAIT is asked again for as long as a command rides out an outage, so a
+        replica coming back costs latency, not a refused job."""
+        wanted = getattr(redis, "replicas_to_wait", 0)
+        if not wanted:
+            return await self.run(redis, keys, args), NOT_ASKED
+        timeout_ms = getattr(redis, "replica_timeout_ms", 2000)
+        give_up = time.monotonic() + getattr(redis, "replica_patience_seconds", 0.0)
+        conn = redis.client()
+        try:
+            reply = await self.on(redis)(keys=keys, args=args, client=conn)
+            acked = await conn.wait(wanted, timeout_ms)
+            while acked < wanted and time.monotonic() < give_up:
+                acked = await conn.wait(wanted, timeout_ms)
+        finally:
+            await conn.aclose()
+        rep = Replication(int(acked), wanted, timeout_ms)
+        note(rep, self.name)
+        return reply, rep
 
 
 ALL: list[Script] = []  # every script a wrapper module declares
