@@ -19,6 +19,7 @@ from benchmarks import (
     prefix_cache,
     queue_cost,
     real_model,
+    replication_cost,
     structured_output,
 )
 from benchmarks.lifecycle import cancel_to_free, webhook_latency
@@ -84,6 +85,7 @@ def main() -> None:
     kv_figures = kv_memory.run()
     prefix_figures = prefix_cache.run()
     structured_figures = structured_output.run()
+    replication_figures = replication_cost.run()
     real_figures = None if args.no_real_model else real_model.run()
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -117,6 +119,7 @@ def main() -> None:
     lines += ["", *kv_memory.report(kv_figures)]
     lines += ["", *prefix_cache.report(prefix_figures)]
     lines += ["", *structured_output.report(structured_figures)]
+    lines += ["", *replication_cost.report(replication_figures)]
     if real_figures is not None:
         lines += ["", *real_model.report(real_figures)]
     args.out.write_text("\n".join(lines) + "\n")

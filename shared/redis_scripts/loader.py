@@ -74,27 +74,35 @@ class Script:
 
     async def run_durably(self, redis: aioredis.Redis, keys: Sequence[str],
                           args: Sequence[EncodableT]) -> tuple[object, Replication]:
-        """`run`, then WAIT for the replicas the client asks for, on the same connection (WAIT
-        counts the replicas holding that connection's writes): the script's reply and how many
-        hold what it wrote. With none to acknowledge (a failover took the only replica, one is
-        paused), WAIT is asked again for as long as a command rides out an outage, so a
-        replica coming back costs latency, not a refused job."""
+        """`run`, then WAIT for the replicas the client asks for, in one round trip on one
+        connection (WAIT counts the replicas holding that connection's writes): the script's
+        reply and how many hold what it wrote. With too few (a failover took the only
+        replica, one is paused), a barrier write and WAIT are asked again for as long as a
+        command rides out an outage: replicas apply writes in order, so one holding the
+        barrier holds the script's writes too, and a replica coming back costs latency, not a
+        refused job."""
         wanted = getattr(redis, "replicas_to_wait", 0)
         if not wanted:
             return await self.run(redis, keys, args), NOT_ASKED
         timeout_ms = getattr(redis, "replica_timeout_ms", 2000)
         give_up = time.monotonic() + getattr(redis, "replica_patience_seconds", 0.0)
-        conn = redis.client()
-        try:
-            reply = await self.on(redis)(keys=keys, args=args, client=conn)
-            acked = await conn.wait(wanted, timeout_ms)
-            while acked < wanted and time.monotonic() < give_up:
-                acked = await conn.wait(wanted, timeout_ms)
-        finally:
-            await conn.aclose()
+        async with redis.pipeline(transaction=False) as pipe:
+            await self.on(redis)(keys=keys, args=args, client=pipe)
+            pipe.wait(wanted, timeout_ms)
+            reply, acked = await pipe.execute()
+        while acked < wanted and time.monotonic() < give_up:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.set(BARRIER_KEY, self.name, px=BARRIER_TTL_MS)
+                pipe.wait(wanted, timeout_ms)
+                _, acked = await pipe.execute()
         rep = Replication(int(acked), wanted, timeout_ms)
         note(rep, self.name)
         return reply, rep
+
+
+# A key written only so that WAIT has a write of its connection to count (run_durably).
+BARRIER_KEY = "fm:replication-barrier"
+BARRIER_TTL_MS = 60_000
 
 
 ALL: list[Script] = []  # every script a wrapper module declares

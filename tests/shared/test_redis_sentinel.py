@@ -235,3 +235,38 @@ async def test_a_primary_short_of_replicas_is_waited_for(tmp_path):
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_api_answers_503_not_replicated_and_the_retry_returns_the_job(group, model_dir,
+                                                                         monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from services.api.app import create_app
+    from shared.settings import get_settings
+
+    for name, value in group.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FIBERMILL_MODEL_REGISTRY", str(model_dir / "registry.yaml"))
+    monkeypatch.setenv("FIBERMILL_REDIS_RETRY_SECONDS", "1")
+    monkeypatch.setenv("FIBERMILL_REDIS_REPLICA_TIMEOUT_MS", "300")
+    get_settings.cache_clear()
+    body = {"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": ["a"]}}
+    headers = {"Idempotency-Key": "k-1"}
+    replicas = [n for n in group.nodes if n.port != group.primary_port()]
+    try:
+        with TestClient(create_app()) as client:
+            for replica in replicas:
+                group.pause(replica)
+            refused = client.post("/v1/jobs", json=body, headers=headers)
+            for replica in replicas:
+                group.resume(replica)
+            assert refused.status_code == 503 and refused.json()["code"] == "not_replicated"
+            assert refused.headers["Retry-After"] == "2"
+            again = client.post("/v1/jobs", json=body, headers=headers)
+            assert again.status_code == 200
+            assert [j["id"] for j in client.get("/v1/jobs").json()["jobs"]] == \
+                [again.json()["id"]]
+    finally:
+        for node in group.nodes:
+            group.resume(node)
+        get_settings.cache_clear()
