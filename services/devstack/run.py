@@ -288,9 +288,6 @@ def _write_pid(name: str, pid: int) -> None:
     (RUN_DIR / f"{name}.pid").write_text(str(pid))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 def _sentinel_banner(settings: Settings) -> str:
     """Print where the Redis is (the sentinels, and the primary they name now); the
@@ -315,3 +312,7 @@ def _without_password(url: str) -> tuple[str, bool]:
     host = parts.hostname or ""
     netloc = f"{user}{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc)), True
+
+
+if __name__ == "__main__":
+    sys.exit(main())
