@@ -23,6 +23,7 @@ burst of them must wait for one, not fail with "too many connections".
 import asyncio
 import math
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -74,6 +75,25 @@ class PrimaryConnection(_NoReplicasRetried, aioredis.Connection):
     """A connection to a Redis at a fixed address."""
 
 
+class PrimarySSLConnection(_NoReplicasRetried, aioredis.SSLConnection):
+    """The same over TLS (a `rediss://` URL)."""
+
+
+class PrimaryUnixConnection(_NoReplicasRetried, aioredis.UnixDomainSocketConnection):
+    """The same over a Unix socket (a `unix://` URL)."""
+
+
+def _primary_class(url: str) -> type[aioredis.Connection] | type[aioredis.UnixDomainSocketConnection]:
+    # from_url's own choice by scheme is replaced by any connection_class passed to it, so
+    # the scheme is read here.
+    scheme = urlsplit(url).scheme
+    if scheme == "rediss":
+        return PrimarySSLConnection
+    if scheme == "unix":
+        return PrimaryUnixConnection
+    return PrimaryConnection
+
+
 class FollowingConnection(_NoReplicasRetried, SentinelManagedConnection):
     """A connection to the primary that asks the sentinels where it is on every connect.
     redis-py's asks them in `connect()` only: a command sent on a connection that was dropped
@@ -115,7 +135,7 @@ def connect(settings: Settings, **kwargs: Any) -> FibermillRedis:
         client.sentinels = sentinel
     else:
         pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, connection_class=PrimaryConnection, **options)
+            settings.redis_url, connection_class=_primary_class(settings.redis_url), **options)
         client = FibermillRedis.from_pool(pool)
     client.replicas_to_wait = settings.replicas_to_wait
     client.replica_timeout_ms = settings.redis_replica_timeout_ms
