@@ -21,6 +21,7 @@ from benchmarks import (
     real_model,
     replication_cost,
     structured_output,
+    trace_cost,
 )
 from benchmarks.lifecycle import cancel_to_free, webhook_latency
 from benchmarks.machine import machine
@@ -86,6 +87,7 @@ def main() -> None:
     prefix_figures = prefix_cache.run()
     structured_figures = structured_output.run()
     replication_figures = replication_cost.run()
+    trace_figures = trace_cost.run()
     real_figures = None if args.no_real_model else real_model.run()
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -120,6 +122,7 @@ def main() -> None:
     lines += ["", *prefix_cache.report(prefix_figures)]
     lines += ["", *structured_output.report(structured_figures)]
     lines += ["", *replication_cost.report(replication_figures)]
+    lines += ["", *trace_cost.report(trace_figures)]
     if real_figures is not None:
         lines += ["", *real_model.report(real_figures)]
     args.out.write_text("\n".join(lines) + "\n")

@@ -65,6 +65,9 @@ class JobMeta(JobOptions):
     # The base URL the job was submitted to: its links start there unless FIBERMILL_PUBLIC_URL
     # says otherwise.
     base_url: str | None = None
+    # The job's trace: a W3C traceparent naming its submit span (shared/tracing.py); None when
+    # the API that stored it did not trace.
+    traceparent: str | None = None
 
     def wants(self, event: WebhookEvent) -> bool:
         return self.webhook is not None and event in self.webhook_events_filter
@@ -135,6 +138,22 @@ class WebhookDelivery(BaseModel):
     at: datetime = Field(description="When the attempt was made")
 
 
+class SubRequestTiming(BaseModel):
+    """How one output's sub-request went, from timestamps the job's record keeps anyway."""
+
+    index: int = Field(description="The output (sub-request) it is")
+    queued_at: datetime = Field(description="When it was queued: the job's acceptance")
+    leased_at: datetime | None = Field(None, description=(
+        "When a worker last took its lease (the Redis server's clock); null while queued"))
+    started_at: datetime | None = Field(None, description=(
+        "When it started on the device, its batch begun (the worker's clock)"))
+    finished_at: datetime | None = Field(None, description=(
+        "When its result was made (the worker's clock)"))
+    attempts: int = Field(0, description="Times it started on a device")
+    worker: str | None = Field(None, description=(
+        "The worker process that ran it, or holds it now"))
+
+
 class Job(BaseModel):
     """A job: what was asked, where it stands, and its outputs in the order of its prompts."""
 
@@ -164,6 +183,12 @@ class Job(BaseModel):
     queue: QueuePosition | None = Field(None, description=(
         "While it is queued, in GET /v1/jobs/{id}: its place in its model's line and an "
         "estimate of its start; null otherwise"))
+    trace_id: str | None = Field(None, description=(
+        "Its OpenTelemetry trace (32 hex digits): every span of the job, from this request to "
+        "its webhook, when the server traces (OTEL_* settings); null otherwise"))
+    timeline: list[SubRequestTiming] | None = Field(None, description=(
+        "With GET /v1/jobs/{id}?include=timeline: each output's queued, leased, started and "
+        "finished times, attempts and worker; null otherwise"))
 
 
 class JobList(BaseModel):

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from shared import names
 from shared import redis_replies as replies
 from shared.errors import InvalidTransition, JobNotFound, NotReplicated
-from shared.job import FINAL_STATUSES, JobMeta, JobStatus, WebhookDelivery
+from shared.job import FINAL_STATUSES, JobMeta, JobStatus, SubRequestTiming, WebhookDelivery
 from shared.job_log import JobEnd, job_ended
 from shared.messages import (
     DeadLetter,
@@ -30,6 +30,7 @@ from shared.redis_scripts import backlog, jobs, leases
 from shared.redis_scripts.jobs import Enqueue, Finished
 from shared.settings import get_settings
 from shared.throughput import bucket_ttl
+from shared.timeline import timeline_in
 from shared.token_bucket import TokenBucket
 from shared.usage import DAY_SECONDS
 
@@ -77,6 +78,7 @@ class JobRecord:
     error: JobError | None = None
     meta: JobMeta = field(default_factory=JobMeta)
     webhook_deliveries: list[WebhookDelivery] = field(default_factory=list)
+    timeline: list[SubRequestTiming] | None = None  # read only when asked (JobStore.get)
 
     @property
     def final(self) -> bool:
@@ -185,11 +187,14 @@ class JobStore:
         return await backlog.claim_due(self.redis, key=key, age=age,
                                        retry_seconds=RETRY_CLAIM_SECONDS, limit=limit)
 
-    async def get(self, job_id: str) -> JobRecord:
+    async def get(self, job_id: str, timeline: bool = False) -> JobRecord:
         """The job as stored: one HGETALL, plus a second round trip only for a job with a
-        webhook (its delivery attempts) or one stored before jobs counted their results."""
+        webhook (its delivery attempts) or one stored before jobs counted their results.
+        `timeline`: with each sub-request's timing, read from the same HGETALL."""
         raw = replies.raw_hash(await self.redis.hgetall(names.job_key(job_id)))
         rec = _record(job_id, raw)
+        if timeline:
+            rec.timeline = timeline_in(raw, rec.total, rec.created_at)
         legacy = b"done" not in raw
         if rec.meta.webhook is None and not legacy:
             return rec

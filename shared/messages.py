@@ -148,6 +148,13 @@ class SubRequest(Message):
     # Runs in a batch of its own: it was on the device when a worker was lost, and may be what
     # killed it (the janitor sets it when it sends such a sub-request again).
     isolated: bool = False
+    # Its job's trace (a W3C traceparent naming the submit span; shared/tracing.py), when the
+    # API that stored it traced; carried here because the message, not Celery's headers, is
+    # what every sender (the API, the janitor, a draining worker) rebuilds or passes on.
+    traceparent: str | None = None
+    # When it was put on the queue (epoch seconds), on traced sub-requests only: where the
+    # worker's span of its wait in the queue starts.
+    sent_at: float | None = None
 
     @property
     def member(self) -> str:
@@ -211,8 +218,11 @@ class SubResult(Message):
     blob: str | None = None
     error: JobError | None = None
     worker: str = ""
-    started_at: float | None = None
+    started_at: float | None = None  # the worker took it (its usage's device time starts)
     finished_at: float | None = None
+    # It started on the device (its batch began, or its row joined the decoder), for the
+    # job's timeline; None when it never got there.
+    run_started_at: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -59,6 +59,22 @@ def attempts_field(index: int | str) -> str:
     return f"{ATTEMPTS_FIELD}{index}"
 
 
+LEASED_FIELD = "leased:"
+RAN_FIELD = "ran:"
+
+
+def leased_field(index: int | str) -> str:
+    """The field of a job's record holding when its sub-request's lease was last taken
+    (acquire_lease.lua, the Redis server's clock), for the job's timeline."""
+    return f"{LEASED_FIELD}{index}"
+
+
+def ran_field(index: int | str) -> str:
+    """The field of a job's record saying how its sub-request ran, as its result was stored
+    (store_result.lua): 'started finished worker' (the worker's clock), for the timeline."""
+    return f"{RAN_FIELD}{index}"
+
+
 def split_member(member: str) -> tuple[str, str]:
     """A sub-request's member ("jobid:index"): its job id and its index."""
     job_id, _, index = member.rpartition(":")

@@ -14,7 +14,9 @@ import base64
 import json
 import os
 import socket
+import time
 import uuid
+from typing import Any
 
 from celery import Celery
 from kombu.utils.json import dumps
@@ -42,11 +44,25 @@ def _send(celery: Celery, subs: list[SubRequest], priority: int) -> None:
         for sub in subs:
             celery.send_task(
                 RUN_SUBREQUEST_TASK,
-                args=sub.task_args(),
+                args=_task_args(sub),
                 queue=queue_for(sub.model),
                 producer=producer,
                 priority=priority,
+                headers=_trace_headers(sub),
             )
+
+
+def _task_args(sub: SubRequest) -> list[dict[str, Any]]:
+    # A traced sub-request says when it was sent: its worker's span of the wait starts there.
+    if sub.traceparent is not None:
+        sub = sub.model_copy(update={"sent_at": time.time()})
+    return sub.task_args()
+
+
+def _trace_headers(sub: SubRequest) -> dict[str, str] | None:
+    """The job's trace in the message's headers too, where Celery's instrumentation on the
+    worker finds its parent; the worker's own spans read it from the sub-request."""
+    return {"traceparent": sub.traceparent} if sub.traceparent is not None else None
 
 
 def _check_priority(priority: int) -> None:
@@ -78,13 +94,16 @@ class TaskMessages:
 
     def _message(self, sub: SubRequest, queue: str, priority: int) -> bytes:
         task_id = str(uuid.uuid4())
-        args = sub.task_args()
+        args = _task_args(sub)
         headers, properties, body, _ = self.celery.amqp.as_task_v2(
             task_id, RUN_SUBREQUEST_TASK, args=args, kwargs={}, reply_to=self.reply_to,
             origin=self.origin, ignore_result=None,  # as send_task leaves it: the app's setting
             # for logs only; Celery's saferepr of the whole input costs more than the rest
             argsrepr=f"[<sub-request {sub.member}>]", kwargsrepr="{}",
         )
+        extra = _trace_headers(sub)
+        if extra:
+            headers.update(extra)  # as send_task's `headers` does
         properties.update(
             delivery_mode=2,  # persistent, as the default exchange's
             delivery_info={"exchange": "", "routing_key": queue},

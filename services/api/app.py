@@ -31,6 +31,7 @@ from services.api.supervisor import Supervised
 from services.api.sweeper import Sweeper
 from services.api.watchers import Watchers
 from services.api.webhooks.outbox import Outbox
+from shared import tracing
 from shared.blobstore.factory import open_store
 from shared.celery_config import make_celery
 from shared.jobstore import JobStore
@@ -87,6 +88,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await shutdown.bounded("closing Celery", asyncio.to_thread(celery.close))
 
 
+def instrument(app: FastAPI) -> None:
+    """A server span for each request, the parent of what it does (a job's submit span). Not
+    for the probes and scrapes, which would each make a trace of their own every few seconds,
+    nor a span per ASGI message of a long response (an event stream sends one a token)."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    excluded = (None if os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS")
+                else "/healthz$,/readyz$,/metrics$")
+    FastAPIInstrumentor.instrument_app(app, excluded_urls=excluded,
+                                       exclude_spans=["receive", "send"])
+
+
 def create_app() -> FastAPI:
     # docs_url/redoc_url off: routes/docs.py serves both pages with local assets.
     app = FastAPI(title="Fibermill", version="0.1.0", description=DESCRIPTION,
@@ -94,6 +107,8 @@ def create_app() -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware)  # outermost: counts 413s and 500s too
     errors.install(app)
+    if tracing.setup("fibermill-api"):
+        instrument(app)
     app.include_router(jobs.router)
     app.include_router(models.router)
     app.include_router(usage.router)

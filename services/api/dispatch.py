@@ -25,7 +25,8 @@ class Dispatcher:
         inp = cls.model_validate(job.input)
         items = split_items(spec, inp, seed=inp.seed or 0)
         return [
-            SubRequest(job_id=job.id, index=i, model=job.model, item=item, owner=job.meta.owner)
+            SubRequest(job_id=job.id, index=i, model=job.model, item=item, owner=job.meta.owner,
+                       traceparent=job.meta.traceparent)
             for i, item in enumerate(items)
         ]
 

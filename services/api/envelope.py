@@ -2,6 +2,7 @@
 
 from datetime import UTC, datetime
 
+from shared import tracing
 from shared.job import Job, JobMetrics, JobUrls, Progress
 from shared.jobstore import JobRecord
 
@@ -50,4 +51,6 @@ def envelope(rec: JobRecord, public_url: str = "") -> Job:
         webhook=str(rec.meta.webhook) if rec.meta.webhook else None,
         webhook_events_filter=rec.meta.webhook_events_filter,
         webhook_deliveries=rec.webhook_deliveries,
+        trace_id=tracing.trace_id(rec.meta.traceparent),
+        timeline=rec.timeline,
     )

@@ -2,9 +2,11 @@
 canceled, deadline). Every final change notifies (SSE, webhook) and stops running work."""
 
 import logging
+import time
 
 from services.api.assembly import assemble, first_error
 from services.api.notify import Notifier
+from shared import tracing
 from shared.errors import DeadlineExceeded
 from shared.job import JobStatus
 from shared.job_metrics import observe_final
@@ -57,8 +59,21 @@ class Lifecycle:
             await self.notifier.started(rec)
 
     async def settle(self, job_id: str) -> JobStatus | None:
-        """A sub-result came in: record progress, and finish the job when it can be."""
+        """A sub-result came in: record progress, and finish the job when it can be. Traced
+        as the job's `fibermill.join` span, once its record says which trace that is."""
+        began = time.time()
         rec, results = await self.store.get_with_results(job_id)
+        join = tracing.start("fibermill.join", rec.meta.traceparent, began,
+                             {"fibermill.job_id": job_id, "fibermill.done": len(results),
+                              "fibermill.outputs": rec.total})
+        status = None
+        try:
+            status = await self._settle(rec, results)
+        finally:
+            tracing.end(join, attributes={"fibermill.status": (status or rec.status).value})
+        return status
+
+    async def _settle(self, rec: JobRecord, results: dict[int, SubResult]) -> JobStatus | None:
         if rec.final:
             return None
         failed = first_error(results)

@@ -12,6 +12,7 @@ from services.api.context_window import ContextWindows
 from services.api.dispatch import Dispatcher
 from services.api.quotas import Quotas
 from services.api.webhooks.ssrf import check_webhook_url
+from shared import tracing
 from shared.errors import InvalidInput, NotReplicated, Problem
 from shared.inputs import TaskInput, TextGenerationInput, validate_input
 from shared.job import BATCH_PRIORITY, JobMeta, JobOptions, JobRequest, JobStatus
@@ -54,6 +55,22 @@ class Submissions:
         base_url: str | None = None, job_id: str | None = None,
         bucket: TokenBucket | None = None, watched: bool = False, batch: bool = False,
     ) -> Submitted:
+        """Accept a job (see `_accept`), in the span that starts its trace when tracing is on:
+        the job keeps that span's traceparent, and every span of the job is under it."""
+        with tracing.span("fibermill.submit", attributes={"fibermill.model": req.model}) as span:
+            done = await self._accept(req, principal, idempotency_key, base_url, job_id, bucket,
+                                      watched, batch)
+            if span is not None:
+                span.set_attributes({"fibermill.job_id": done.job.id,
+                                     "fibermill.outputs": done.job.total,
+                                     "fibermill.created": done.created})
+            return done
+
+    async def _accept(
+        self, req: JobRequest, principal: Principal, idempotency_key: str | None,
+        base_url: str | None = None, job_id: str | None = None,
+        bucket: TokenBucket | None = None, watched: bool = False, batch: bool = False,
+    ) -> Submitted:
         """`job_id`, when given, is the new job's id (from `new_job_id()`): a caller that
         listens to the job's events subscribes before the job exists, and misses none.
         `bucket`, when given, is the caller's rate limit: the new job takes a token from it as
@@ -69,7 +86,8 @@ class Submissions:
         digest = (idempotency.body_digest({**req.model_dump(mode="json"), "task": spec.task})
                   if idempotency_key is not None else "")
         _choose_seed(inp)
-        probe = _probe(spec, inp, principal.key_id, job_id or new_job_id())
+        probe = _probe(spec, inp, principal.key_id, job_id or new_job_id(),
+                       tracing.current_traceparent())
         # Split before storing, so a job that cannot be split is never accepted.
         subs = self.dispatcher.subrequests(probe)
         async with self.claims.hold(
@@ -88,7 +106,7 @@ class Submissions:
             enqueue = self.dispatcher.messages(subs, req.priority) if subs else None
             meta = JobMeta(**req.model_dump(include=set(JobOptions.model_fields)),
                            owner=principal.key_id, idempotency_key=idempotency_key,
-                           base_url=base_url)
+                           base_url=base_url, traceparent=probe.meta.traceparent)
             job = NewJob(probe.id, probe.task, probe.model, probe.input, len(subs), meta,
                          watched=watched)
             unreplicated: NotReplicated | None = None
@@ -174,8 +192,10 @@ def _choose_seed(inp: TaskInput) -> None:
         inp.seed = secrets.randbelow(2**31 - 1)
 
 
-def _probe(spec: ModelSpec, inp: TaskInput, owner: str | None, job_id: str) -> JobRecord:
+def _probe(spec: ModelSpec, inp: TaskInput, owner: str | None, job_id: str,
+           traceparent: str | None) -> JobRecord:
     """The record the job will have, for splitting it before it is stored (its sub-requests
-    carry the owner: their outputs are filed under it)."""
+    carry the owner, whose outputs are filed under it, and the job's trace)."""
     return JobRecord(job_id, spec.task, spec.name, JobStatus.QUEUED,
-                     inp.model_dump(mode="json"), 0, 0.0, meta=JobMeta(owner=owner))
+                     inp.model_dump(mode="json"), 0, 0.0,
+                     meta=JobMeta(owner=owner, traceparent=traceparent))

@@ -19,6 +19,7 @@ from services.worker.exits import ExitReason, exit_worker
 from services.worker.metrics_server import serve_metrics
 from services.worker.quiet import quiet_libraries
 from services.worker.runtime import WorkerRuntime
+from shared import tracing
 from shared.celery_config import make_celery
 from shared.errors import ModelNotLoadable
 from shared.logs import configure as configure_logs
@@ -57,6 +58,11 @@ def _logs(loglevel: str | int | None = None, **_) -> None:
 def _load(**_) -> None:
     global _runtime
     settings = get_settings()
+    if tracing.setup("fibermill-worker"):
+        # Its task span joins the job's trace from the message's traceparent header.
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        CeleryInstrumentor().instrument()
     try:
         _runtime = WorkerRuntime(settings, load_registry(settings.model_registry), app)
         _runtime.start()

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from services.worker import metrics
+from services.worker.spans import SubRequestSpans
 from shared.messages import StopReason, SubRequest
 
 
@@ -25,6 +26,16 @@ class InFlight:
         # A live stream watches its job: its step and output events are wanted (read on the
         # device thread; set on the runtime's loop when a stream opens).
         self.watched = True
+        # Its first batch on the device: when it began and how many rows it had (the job's
+        # timeline and trace; engine/start.py).
+        self.run_started_at: float | None = None
+        self.batch_size = 0
+        self.spans: SubRequestSpans | None = None  # with tracing on (spans.py)
+
+    def batch_started(self, size: int) -> None:
+        if self.run_started_at is None:  # a row preempted and admitted again keeps its first
+            self.run_started_at = time.time()
+            self.batch_size = size
 
     def request_stop(self, reason: StopReason) -> None:
         if not self.stop.is_set():

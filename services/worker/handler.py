@@ -11,10 +11,12 @@ from services.worker.engine.device_faults import DeviceLost, OutOfDeviceMemory
 from services.worker.engine.engine import Arrival, Engine
 from services.worker.engine.results import ImageResult, TextResult
 from services.worker.engine.scheduling import Ticket
+from services.worker.engine.start import OnBatch
 from services.worker.engine.stopped import PipelineStopped
 from services.worker.flights import Flights, InFlight
 from services.worker.outputs import OutputWriter
 from services.worker.progress import ProgressPublisher
+from services.worker.spans import SubRequestSpans
 from shared.errors import BlobStoreUnavailable, InvalidInput, ModelError
 from shared.failures import dead_lettered, time_limit_exceeded
 from shared.inputs import TextOutput
@@ -64,25 +66,36 @@ class Handler:
         self.progress = progress
 
     async def handle(self, sub: SubRequest) -> Outcome:
+        spans = SubRequestSpans.open(sub, self.worker_id)  # None unless traced
+        grant = LeaseGrant(LeaseOutcome.GONE)
         # Announced before the lease round trip, so the batcher waits for this sub-request
         # (briefly) instead of starting a batch without it.
-        with self.engines[sub.model].arrival() as arrival:
-            outcome = await self._handle(sub, arrival)
+        try:
+            with self.engines[sub.model].arrival() as arrival:
+                grant = await self.store.acquire_lease(
+                    sub, self.worker_id, self.settings.lease_seconds, self.settings.max_attempts,
+                    # One that joins the engine's next iteration is charged its attempt with
+                    # its lease, so no round trip stands between the device and it
+                    # (engine/start.py).
+                    charge=not sub.isolated and arrival.starts_soon())
+                outcome = await self._handle(sub, arrival, grant, spans)
+        except BaseException:
+            if spans is not None:
+                spans.close(Outcome.FAILED, grant.attempt)
+            raise
+        if spans is not None:
+            spans.close(outcome, grant.attempt)
         metrics.SUBREQUESTS.labels(sub.model, outcome).inc()
         return outcome
 
-    async def _handle(self, sub: SubRequest, arrival: Arrival) -> Outcome:
-        s = self.settings
-        # One that joins the engine's next iteration is charged its attempt with its lease,
-        # so no round trip stands between the device and it (engine/start.py).
-        soon = not sub.isolated and arrival.starts_soon()
-        grant = await self.store.acquire_lease(sub, self.worker_id, s.lease_seconds,
-                                               s.max_attempts, charge=soon)
+    async def _handle(self, sub: SubRequest, arrival: Arrival, grant: LeaseGrant,
+                      spans: SubRequestSpans | None) -> Outcome:
         if grant.outcome != LeaseOutcome.ACQUIRED:
             return await self._not_run(sub, grant)
-        flight = InFlight(sub, time.time() + s.subrequest_time_limit_seconds)
+        flight = InFlight(sub, time.time() + self.settings.subrequest_time_limit_seconds)
         flight.watched = grant.watched
         flight.charged = grant.charged
+        flight.spans = spans
         self.flights.add(flight)
         if self.drainer.expired:  # taken after the drain deadline: straight back to the queue
             flight.request_stop(StopReason.DRAIN)
@@ -118,6 +131,7 @@ class Handler:
         result = SubResult(index=sub.index, worker=self.worker_id, started_at=flight.started)
         blob = None
         t0 = time.perf_counter()
+        submitted = time.time()
         on_text = self.progress.text_hook(flight)
         # A stop while it still waits in the engine's queue withdraws it at once: it never
         # reaches the device, and its slot or batch place goes to the next one.
@@ -126,7 +140,10 @@ class Handler:
             made = await arrival.submit(sub.item, Ticket(
                 should_stop=self.progress.hook(flight), withdrawn=flight.stop.is_set,
                 tag=sub.member, isolate=sub.isolated, on_text=on_text, charged=flight.charged,
-                cache_scope=self._cache_scope(sub)))
+                cache_scope=self._cache_scope(sub), on_batch=self._on_batch(flight)))
+            if flight.spans is not None:
+                flight.spans.ran(submitted, flight.run_started_at, time.time(),
+                                 flight.batch_size, flight.steps)
             # Its output events go out before the result that may make the job final; the
             # final one goes out with the result, in the same script.
             await on_text.flushed()
@@ -149,6 +166,7 @@ class Handler:
             result.error = JobError(code=code, message=f"{type(exc).__name__}: {exc}")
             outcome = Outcome.FAILED
         if blob is not None:
+            writing = time.time()
             try:
                 result.blob = await self.outputs.write(sub, blob)
             except BlobStoreUnavailable as exc:
@@ -156,9 +174,24 @@ class Handler:
                 result.output = None
                 result.error = JobError(code=exc.code, message=str(exc))
                 outcome = Outcome.FAILED
+            if flight.spans is not None:
+                flight.spans.blob_written(writing, time.time())
         metrics.PHASE_SECONDS.labels(sub.model, "subrequest").observe(time.perf_counter() - t0)
         result.finished_at = time.time()
+        result.run_started_at = flight.run_started_at
         event = on_text.final if outcome == Outcome.SUCCEEDED else None
+        storing = result.finished_at
+        stored = await self._store(sub, result, outcome, event)
+        if flight.spans is not None:
+            flight.spans.stored(storing, time.time(), isinstance(stored, Finished))
+        if isinstance(stored, Finished):
+            return outcome, True
+        if stored != 1:
+            return Outcome.DUPLICATE, True
+        return outcome, True
+
+    async def _store(self, sub: SubRequest, result: SubResult, outcome: Outcome,
+                     event: str | None) -> int | Finished:
         if outcome == Outcome.SUCCEEDED and isinstance(result.output, GeneratedText):
             # A text's output is its own (an image's links are the API's to make): a job of
             # this one prompt is made final in the step that stores it, with no joiner.
@@ -168,13 +201,26 @@ class Handler:
             if isinstance(stored, Finished):
                 observe_final(stored.task, sub.model, JobStatus.SUCCEEDED.value,
                               stored.created_at, stored.started_at, stored.completed_at)
-                return outcome, True
-        else:
-            stored = await self.store.store_result(sub.job_id, result, model=sub.model,
-                                                   event=event)
-        if stored != 1:
-            return Outcome.DUPLICATE, True
-        return outcome, True
+            return stored
+        return await self.store.store_result(sub.job_id, result, model=sub.model, event=event)
+
+    def _on_batch(self, flight: InFlight) -> OnBatch:
+        """The engine's word that the flight's batch starts on the device: its start for the
+        timeline, and, traced, the links to the sub-requests starting with it."""
+
+        def started(together: list[str], size: int) -> None:
+            first = flight.run_started_at is None  # not a rerun alone, nor a row readmitted
+            flight.batch_started(size)
+            if flight.spans is None or not first:
+                return
+            peers = []
+            for member in together:
+                other = self.flights.get(member)
+                if member != flight.sub.member and other is not None and other.spans is not None:
+                    peers.append(other.spans)
+            flight.spans.started_with(peers)
+
+        return started
 
     def _cache_scope(self, sub: SubRequest) -> str:
         """Who its cached prompt pages are shared with: its API key's other sub-requests, or

@@ -14,6 +14,7 @@ from shared.messages import CancelNotice, SubResult
 from shared.redis_scripts.loader import Script
 from shared.replication import Replication
 from shared.throughput import BUCKET_SECONDS
+from shared.timeline import ran_value
 from shared.token_bucket import TokenBucket
 from shared.usage import DAY_SECONDS, subresult_usage
 
@@ -140,7 +141,10 @@ async def store_result(redis: aioredis.Redis, *, job_id: str, model: str, result
          f"{job_id}:{result.index}", result.worker,
          names.events_channel(job_id) if event else "", event or "", output_json or "",
          ttls.finished, ttls.ran, names.FINAL_CHANNEL, names.owner_field(result.index),
-         ttls.usage, subresult_usage(result), f"{BUCKET_SECONDS} {ttls.throughput}"],
+         ttls.usage, subresult_usage(result), f"{BUCKET_SECONDS} {ttls.throughput}",
+         names.ran_field(result.index),
+         ran_value(result.run_started_at or result.started_at, result.finished_at,
+                   result.worker)],
     )
     if not isinstance(reply, list):
         return replies.integer(reply)

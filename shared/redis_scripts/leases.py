@@ -51,7 +51,8 @@ async def acquire_lease(redis: aioredis.Redis, *, sub: SubRequest, worker: str,
          names.COMPLETIONS_STREAM],
         [sub.index, sub.member, worker, repr(lease_seconds), max_attempts, sub.job_id,
          names.owner_field(sub.index), names.attempts_field(sub.index),
-         names.events_channel(sub.job_id), running_event, "1" if charge else "0"],
+         names.events_channel(sub.job_id), running_event, "1" if charge else "0",
+         names.leased_field(sub.index)],
     ))
     outcome, detail, *live = reply
     return Acquired(LeaseOutcome(outcome), detail, watched=live == ["1"])

@@ -91,7 +91,8 @@ async def test_every_path_leaves_the_same_final_state(store, aredis, path):
     expected = await _shape_after(PATHS[0], store, aredis)
     assert expected["fields"] == sorted([
         "attempts:0", "completed_at", "created_at", "done", "fin", "hooks", "input", "meta",
-        "model", "output", "started_at", "status", "task", "total"])
+        "model", "output", "started_at", "status", "task", "total",
+        "leased:0", "ran:0"])  # the timeline's (shared/timeline.py)
     assert expected["final_entries"] == [b"j1"] and expected["final_channel"] == [b"j1"]
     assert expected["deadline"] is expected["lease"] is expected["backlog"] is None
     assert expected["record_ttl"] and expected["webhooks_ttl"] and expected["results_ttl"]

@@ -155,6 +155,17 @@ def test_text_job_shows_texts_beside_their_prompts(page):
     assert cards.locator(".tokens").all_text_contents() == ["5 tokens", "5 tokens"]
     boxes = [cards.nth(i).bounding_box() for i in range(2)]
     assert boxes[0]["y"] == boxes[1]["y"] and boxes[0]["x"] < boxes[1]["x"]  # side by side
+    # Its timeline (GET ?include=timeline): each output queued, leased, started and finished,
+    # by a worker, in one attempt; no trace id, since this stack does not trace.
+    page.wait_for_selector("#job-timeline:not([hidden])")
+    page.click("#job-timeline summary")
+    rows = page.locator("#timeline tbody tr")
+    assert rows.count() == 2
+    for i in range(2):
+        cells = rows.nth(i).locator("td").all_text_contents()
+        assert cells[0] == f"#{i + 1}" and all(c.startswith("+") for c in cells[1:5]), cells
+        assert cells[5] == "1" and cells[6] not in ("", "–"), cells
+    assert page.is_hidden("#job-trace")
     assert page.page_errors == []
 
 

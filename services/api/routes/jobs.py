@@ -2,7 +2,7 @@
 
 import contextlib
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from sse_starlette import EventSourceResponse
@@ -73,13 +73,19 @@ async def list_jobs(
     return JobList(jobs=[envelope(r, settings.public_url) for r in recs])
 
 
-@router.get("/{job_id}", response_model=Job, responses=errors(401, 404, 410))
+@router.get("/{job_id}", response_model=Job, responses=errors(401, 404, 410, 422))
 async def get_job(job: JobDep, response: Response, prefer_wait: PreferWaitDep,
-                  settings: SettingsDep, redis: RedisDep) -> Job:
+                  settings: SettingsDep, redis: RedisDep, store: JobStoreDep,
+                  include: Annotated[Literal["timeline"] | None, Query(description=(
+                      "timeline: add each output's queued, leased, started and finished "
+                      "times, attempts and worker (`timeline`)"))] = None) -> Job:
     """The job, with its outputs so far; while it is queued, its place in its model's line
     and an estimate of when it starts (`queue`). `Prefer: wait=N` holds the answer up to N
     seconds for the job to finish (a long poll: one request a wait instead of one a tick)."""
     job = await prefer_wait.apply(job, response)
+    if include == "timeline":
+        # Read again, with its timing: asked for, so no other read pays for parsing it.
+        job = await store.get(job.id, timeline=True)
     out = envelope(job, settings.public_url)
     out.queue = await queue_position(redis, job, settings.throughput_window_seconds)
     return out

@@ -30,13 +30,14 @@ from datetime import UTC, datetime
 from typing import Literal, get_args
 
 import redis.asyncio as aioredis
+from opentelemetry.trace import StatusCode
 
 from services.api.envelope import envelope
 from services.api.webhooks.keyring import Keyring
 from services.api.webhooks.metrics import DELIVERIES
 from services.api.webhooks.retry import backoff
 from services.api.webhooks.sender import Attempt, Sender
-from shared import redis_replies
+from shared import redis_replies, tracing
 from shared.asyncio_compat import raise_if_cancelled
 from shared.errors import JobNotFound
 from shared.job import WebhookDelivery, WebhookEvent
@@ -255,7 +256,16 @@ class Outbox:
         payload = envelope(rec, self.settings.public_url).model_dump(mode="json")
         signer = await self.keyring.signer(rec.meta.owner)
         at = datetime.now(UTC)
+        attempt = tracing.start("fibermill.webhook", rec.meta.traceparent, attributes={
+            "fibermill.job_id": rec.id, "fibermill.webhook.event": claim.event,
+            "fibermill.webhook.attempt": claim.attempt})
         result = await sender.post(str(rec.meta.webhook), claim.id, payload, signer)
+        if attempt is not None:
+            if result.verdict != "delivered":
+                attempt.set_status(StatusCode.ERROR, result.error or result.verdict)
+            tracing.end(attempt, attributes={"fibermill.webhook.verdict": result.verdict,
+                                             "http.response.status_code": result.status_code
+                                             or 0})
         record = asyncio.ensure_future(self.store.record_delivery(claim.job_id, WebhookDelivery(
             webhook_id=claim.id, event=claim.event, attempt=claim.attempt,
             status_code=result.status_code, error=result.error, at=at,

@@ -34,6 +34,7 @@ from typing import Any
 from services.worker.engine.batch import Batch
 from services.worker.engine.results import Result
 from services.worker.engine.scheduling import PLAIN, Ticket
+from services.worker.engine.start import OnBatch
 from services.worker.engine.stopped import PipelineStopped
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Pending:
     tag: str | None = None  # the sub-request it is (engine/start.py)
     isolate: bool = False  # runs alone, with nothing else in the pipeline beside it
     charged: bool = False
+    on_batch: OnBatch | None = None
 
     @property
     def gone(self) -> bool:
@@ -94,7 +96,8 @@ class Batcher:
             key = ("isolated", object())  # a group of its own
         self.pending.append(Pending(item, key, ticket.should_stop, future,
                                     withdrawn=ticket.withdrawn, tag=ticket.tag,
-                                    isolate=ticket.isolate, charged=ticket.charged))
+                                    isolate=ticket.isolate, charged=ticket.charged,
+                                    on_batch=ticket.on_batch))
         self.pump()
         return future
 

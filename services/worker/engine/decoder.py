@@ -143,7 +143,8 @@ class Decoder:
         self.waiting.append(Waiting(item, ticket.should_stop, future, loop,
                                     withdrawn=ticket.withdrawn, isolate=ticket.isolate,
                                     tag=ticket.tag, charged=ticket.charged,
-                                    on_text=ticket.on_text, cache_scope=ticket.cache_scope))
+                                    on_text=ticket.on_text, cache_scope=ticket.cache_scope,
+                                    on_batch=ticket.on_batch))
         self.pump()
         return future
 
@@ -207,7 +208,7 @@ class Decoder:
             if not self.running and not await self._burst_gathered():
                 continue
             admit = self._admissible()
-            await announce_start(self.on_start, admit)
+            await announce_start(self.on_start, admit, len(self.running) + len(admit))
             try:
                 settles = await loop.run_in_executor(self.p.device_executor, self._iterate,
                                                      admit)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from services.worker.engine.batch import ShouldStop
 from services.worker.engine.grammar_row import RowMatcher
 from services.worker.engine.results import TextResult
+from services.worker.engine.start import OnBatch
 from services.worker.engine.text_cache import PAGE_TOKENS
 from services.worker.engine.text_rows import Row, Sequence
 from services.worker.engine.text_stream import OnText
@@ -29,6 +30,7 @@ class Waiting:
     charged: bool = False
     on_text: OnText | None = None  # hears its text after each read that advanced it
     cache_scope: str = ""  # shares cached prompt pages only within it (prefix_pages.py)
+    on_batch: OnBatch | None = None  # hears the rows it starts with (start.py)
     # Its row, once started: held back for KV-cache pages, or preempted with the tokens it
     # made (its prompt and those are prefilled again when it is admitted).
     held: "Running | None" = None

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from services.worker.engine.batch import Batch, ShouldStop
 from services.worker.engine.results import Result
+from services.worker.engine.start import OnBatch
 from services.worker.engine.text_stream import OnText
 
 
@@ -29,6 +30,7 @@ class Ticket:
     charged: bool = False  # its attempt was charged with its lease already
     # Whose cached prompt pages it may share (text): only items of the same scope share.
     cache_scope: str = ""
+    on_batch: OnBatch | None = None  # hears its batch as it starts on the device (start.py)
 
 
 # An item with no stop hook, tag or listener, run in whatever company.

@@ -14,28 +14,46 @@ that wait for room are charged here.
 """
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 OnStart = Callable[[list[str]], Awaitable[None]]
+# Told to each item as its batch starts on the device: the tags of the items starting with it
+# (itself included) and the size of the batch they run in (the job's timeline and trace).
+OnBatch = Callable[[list[str], int], None]
 
 
 class Startable(Protocol):
     tag: str | None  # the sub-request's member (`job:index`); None outside a worker
     charged: bool
+    on_batch: OnBatch | None
 
 
-async def announce_start(on_start: OnStart | None, entries: Iterable[Startable]) -> None:
+async def announce_start(on_start: OnStart | None, entries: Sequence[Startable],
+                         size: int | None = None) -> None:
+    """Charge what starts, then tell each item its batch: `size` rows in all (a text batch
+    has running rows beside those starting), by default the entries."""
     tags = []
     for e in entries:
         if e.tag is not None and not e.charged:
             tags.append(e.tag)
         e.charged = True
-    if on_start is None or not tags:
+    if on_start is not None and tags:
+        try:
+            await on_start(tags)
+        except Exception as exc:  # Redis away for a moment: run uncharged rather than not at all
+            log.warning("could not charge the attempts of %d sub-request(s): %s", len(tags),
+                        exc)
+    _tell_batch(entries, len(entries) if size is None else size)
+
+
+def _tell_batch(entries: Sequence[Startable], size: int) -> None:
+    hooked = [e for e in entries if e.on_batch is not None]
+    if not hooked:
         return
-    try:
-        await on_start(tags)
-    except Exception as exc:  # Redis away for a moment: run uncharged rather than not at all
-        log.warning("could not charge the attempts of %d sub-request(s): %s", len(tags), exc)
+    together = [e.tag for e in entries if e.tag is not None]
+    for e in hooked:
+        assert e.on_batch is not None
+        e.on_batch(together, size)

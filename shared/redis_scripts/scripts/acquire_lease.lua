@@ -16,7 +16,8 @@
 -- KEYS: 1 job, 2 results, 3 leases, 4 completion stream.
 -- ARGV: 1 index, 2 lease member, 3 worker, 4 lease seconds, 5 max attempts, 6 job id, 7 the
 -- owner field, 8 the attempts field, 9 the job's events channel, 10 the `running` status event,
--- 11 '1' to charge the attempt now.
+-- 11 '1' to charge the attempt now, 12 the leased field (when the lease was taken, for the job's
+-- timeline; absent from an older worker's call).
 -- Returns {status, detail}: 'acquired' (the attempt it becomes if it runs), 'done', 'final',
 -- 'gone', 'busy' (a live lease: another delivery runs it now) or 'exhausted' (attempts used);
 -- 'acquired' adds '1' when the job's live events are wanted (watched), else '0'.
@@ -49,6 +50,7 @@ local live = watched(h[7], h[8])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[2])
 local fields = {ARGV[7], ARGV[3]}
 if ARGV[11] == '1' then fields[3], fields[4] = ARGV[8], n + 1 end
+if ARGV[12] then fields[#fields + 1], fields[#fields + 2] = ARGV[12], tostring(now) end
 -- started_at is set with the first move out of queued, and no script moves a job back.
 local first = st == 'queued'
 if first then

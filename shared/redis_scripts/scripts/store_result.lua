@@ -19,7 +19,9 @@
 -- output json when this result may end it ('' otherwise), 10 the finished TTL, 11 the TTL of
 -- what ran it, 12 the final channel, 13 the sub-request's owner field, 14 the usage counters'
 -- TTL, 15 its usage ('prompt_tokens completion_tokens images device_ms'), 16 the finished
--- count's 'bucket ttl'.
+-- count's 'bucket ttl', 17 the sub-request's ran field and 18 its value ('started finished
+-- worker', for the job's timeline: written with the result, in a write made anyway; absent from
+-- an older worker's call).
 -- Returns 1 when written, 0 for a duplicate, -1 when the job is gone, -2 when it is final; a job
 -- made final here: {completed_at, created_at, started_at or '', task}.
 --@include is_final
@@ -47,6 +49,7 @@ if not is_final(st) and ARGV[9] ~= '' and h[2] == '1' and h[3] then
   local more = {'done', 1}
   -- Its lease is given up in the same write: an empty owner is no owner.
   if mine then more[3], more[4] = ARGV[13], '' end
+  if ARGV[17] then more[#more + 1], more[#more + 2] = ARGV[17], ARGV[18] end
   local completed = finish_job({
     key = KEYS[1], id = ARGV[3], status = 'succeeded', output = ARGV[9], error = '',
     more = more, attempts_key = KEYS[6], webhooks_key = KEYS[7], stream = KEYS[3],
@@ -61,7 +64,11 @@ if is_final(st) then return -2 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 if publish then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
 count_usage()
-redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
+if ARGV[17] then
+  redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]), ARGV[17], ARGV[18])
+else
+  redis.call('HSET', KEYS[1], 'done', redis.call('HLEN', KEYS[2]))
+end
 redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'kind', 'result', 'index', ARGV[1],
   'ok', ARGV[4])
 return 1

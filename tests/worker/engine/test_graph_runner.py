@@ -71,3 +71,29 @@ def test_a_sticky_device_error_fails_the_batch_without_running_it_again(
     results, raising = _run_group(digits_pipeline, error, monkeypatch)
     assert all(isinstance(r, DeviceLost) and r.__cause__ is error for r in results)
     assert raising.raised == 1
+
+
+def test_each_item_hears_the_batch_it_starts_in(digits_pipeline: ClassDDPMImagePipeline
+                                                ) -> None:
+    """What the job's timeline and trace know of a batch (engine/start.py): each item is told,
+    as the batch starts, its size and the items starting with it, after their charge."""
+    heard: dict[str, tuple[list[str], int]] = {}
+    charged: list[list[str]] = []
+
+    async def on_start(tags: list[str]) -> None:
+        assert not heard  # charged before anything is told it started
+        charged.append(tags)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        group = []
+        for i, d in enumerate(DIGITS[:2]):
+            tag = f"job{i}:0"
+            group.append(Pending(_item(d), None, None, loop.create_future(), tag=tag,
+                                 on_batch=lambda t, n, tag=tag: heard.setdefault(tag, (t, n))))
+        await asyncio.wait_for(GraphRunner(pipeline, on_start).run_group(group), 60)
+
+    pipeline = digits_pipeline
+    asyncio.run(run())
+    assert charged == [["job0:0", "job1:0"]]
+    assert heard == {"job0:0": (["job0:0", "job1:0"], 2), "job1:0": (["job0:0", "job1:0"], 2)}

@@ -4,6 +4,7 @@ import { ApiError, getJSON, postJSON } from "./api.js";
 import { renderResults } from "./results.js";
 import { jobHref } from "./route.js";
 import { streamEvents } from "./sse.js";
+import { showTimeline } from "./timeline.js";
 
 export const FINAL = new Set(["succeeded", "failed", "canceled"]);
 // A queued job's place in line is read this often: its event stream says nothing of it.
@@ -57,6 +58,7 @@ export class JobView {
     $("#job-error").textContent = "";
     $("#results").replaceChildren();
     $("#step-meter").hidden = true;
+    $("#job-timeline").hidden = true;
     $("#job-queue").hidden = true;
     $("#job-queue").textContent = "";
     for (const m of document.querySelectorAll("#job-card .meter")) delete m.dataset.state;
@@ -147,6 +149,7 @@ export class JobView {
       if (this.shownFinal !== job.id) {
         this.shownFinal = job.id;
         renderResults($("#results"), job);
+        if (this.controller) showTimeline(job.id, this.controller.signal);
       }
     }
     this.onUpdate(job);

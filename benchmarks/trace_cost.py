@@ -1,0 +1,176 @@
+"""What tracing costs, for `make bench`.
+
+    python -m benchmarks.trace_cost [--jobs 400] [--rounds 3] [--out FILE]
+
+Two stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_* variables:
+one traces every job (OTLP over HTTP to a receiver in this process, which decodes and counts
+what it is sent: an export that nobody takes would cost retries instead), the other has no
+exporter (the no-op tracer: shared/tracing.py). Measured in turns, the other stack frozen
+(processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
+benchmarks/replication_cost.py does. Reported: jobs/s and p50 latency of each, their ratio
+(the median of the rounds' ratios: the machine's speed drifts between rounds) and the spans
+exported per job.
+"""
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import aiohttp
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from benchmarks.peers import closed_loop, final_job
+from benchmarks.stack import BenchStack, bench_stack
+from services.devstack.processes import frozen
+
+MODEL = "tiny-gpt2"
+CLIENTS = 32
+NEW_TOKENS = 4
+# Exported within half a second of a span's end (the SDK's default waits 5 s), so the spans a
+# burst made are counted by the burst's end.
+SCHEDULE_DELAY_MS = 500
+
+
+@dataclass
+class Side:
+    name: str
+    rps: list[float] = field(default_factory=list)
+    p50: list[float] = field(default_factory=list)
+    spans_per_job: list[float] = field(default_factory=list)
+
+
+class SpanSink:
+    """An OTLP/HTTP receiver that counts the spans it is sent and keeps nothing else."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+        lock = threading.Lock()
+        sink = self
+        reply = ExportTraceServiceResponse().SerializeToString()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(self.rfile.read(int(self.headers["content-length"])))
+                n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+                with lock:
+                    sink.spans += n
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *_args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def _burst(url: str, jobs: int) -> tuple[float, float]:
+    """jobs/s and p50 seconds of `jobs` one-prompt jobs from CLIENTS clients."""
+    connector = aiohttp.TCPConnector(limit=CLIENTS + 8)
+    async with aiohttp.ClientSession(url, connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=300)) as http:
+        async def send(i: int) -> int | None:
+            body = {"task": "text-generation", "model": MODEL,
+                    "input": {"prompts": [f"Job {i} says"], "max_new_tokens": NEW_TOKENS}}
+            async with http.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"}) as r:
+                r.raise_for_status()
+                job = await final_job(http, await r.json())
+            if job["status"] != "succeeded":
+                raise RuntimeError(f"job {job['id']} {job['status']}: {job.get('error')}")
+            return None
+
+        load = await closed_loop(send, list(range(jobs)), CLIENTS)
+    return load.rps, load.p50
+
+
+def run(jobs: int = 400, rounds: int = 3) -> dict:
+    sink = SpanSink()
+    try:
+        with tempfile.TemporaryDirectory(prefix="fibermill-trace-cost-") as tmp:
+            return _measure(sink, Path(tmp), jobs, rounds)
+    finally:
+        sink.close()
+
+
+def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
+    sides = {True: Side("traced (OTLP/HTTP)"), False: Side("not traced (no exporter)")}
+    traced_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
+                  "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                  "OTEL_BSP_SCHEDULE_DELAY": str(SCHEDULE_DELAY_MS)}
+    with bench_stack(MODEL, env=traced_env, logdir=tmp / "traced") as traced, \
+         bench_stack(MODEL, env={"OTEL_TRACES_EXPORTER": "none"}, logdir=tmp / "plain") as plain:
+        stacks: dict[bool, BenchStack] = {True: traced, False: plain}
+        for on in (True, False):  # warm-up: each model's first bursts are slower
+            with frozen(stacks[not on].procs):
+                asyncio.run(_burst(stacks[on].url, jobs // 4))
+        for r in range(rounds):
+            for on in ((True, False) if r % 2 == 0 else (False, True)):
+                before = sink.spans
+                with frozen(stacks[not on].procs):
+                    rps, p50 = asyncio.run(_burst(stacks[on].url, jobs))
+                    if on:  # the burst's last spans, exported before the stack is frozen
+                        time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
+                side = sides[on]
+                side.rps.append(rps)
+                side.p50.append(p50)
+                side.spans_per_job.append((sink.spans - before) / jobs)
+                print(f"[trace-cost {time.strftime('%H:%M:%S')}] {side.name}: {rps:.1f} jobs/s",
+                      file=sys.stderr, flush=True)
+    ratios = [t / p for t, p in zip(sides[True].rps, sides[False].rps, strict=True)]
+    return {"jobs": jobs, "rounds": rounds, "sides": sides, "ratio": statistics.median(ratios),
+            "ratios": ratios}
+
+
+def report(r: dict) -> list[str]:
+    lines = [
+        "## Tracing: what a trace per job costs", "",
+        f"From benchmarks/trace_cost.py: two stacks alike but for the OTEL_* variables (one "
+        f"exports every job's spans over OTLP/HTTP to a receiver on this machine, the other has "
+        f"no exporter), measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt "
+        f"{MODEL} jobs ({NEW_TOKENS} new tokens) from {CLIENTS} clients.", "",
+        "| stack | jobs/s (median) | rounds | p50 latency (ms) | spans per job |",
+        "|---|---|---|---|---|",
+    ]
+    for side in r["sides"].values():
+        lines.append(f"| {side.name} | {statistics.median(side.rps):.1f} | "
+                     f"{', '.join(f'{x:.1f}' for x in side.rps)} | "
+                     f"{statistics.median(side.p50) * 1000:.0f} | "
+                     f"{statistics.median(side.spans_per_job):.1f} |")
+    lines += ["", f"Jobs/s traced / not traced: **{r['ratio']:.2f}x** (the median of the rounds' "
+              f"ratios: {', '.join(f'{x:.2f}' for x in r['ratios'])})."]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.trace_cost", description=__doc__)
+    ap.add_argument("--jobs", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, help="write the report here too")
+    args = ap.parse_args()
+    lines = report(run(args.jobs, args.rounds))
+    print("\n".join(lines))
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

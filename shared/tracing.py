@@ -1,0 +1,217 @@
+"""OpenTelemetry tracing: one trace per job, from its POST to its webhook.
+
+Set up from the standard `OTEL_*` variables alone (the SDK's own: exporter, endpoint, protocol,
+headers, sampler, batch processor, resource) and off unless they name an exporter: with none,
+no SDK is installed, and every helper here returns at its first check of one flag, so a stack
+without tracing makes no span objects.
+
+A job's trace context is a W3C `traceparent` carried in the typed messages (the job's stored
+meta, each `SubRequest`), not in Celery's headers alone: the API pushes a new job's messages
+itself (create_job.lua) rather than publishing them through Celery, the janitor and a draining
+worker send them again hours later, and each side's spans must find the job's trace from what
+it holds. Its Celery message carries the same `traceparent` header, so the worker's Celery
+instrumentation puts its task span in the job's trace too.
+"""
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanContext
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+log = logging.getLogger(__name__)
+
+Attributes = Mapping[str, AttributeValue]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_TRACER_NAME = "fibermill"
+_on = False  # set once, by `setup`, when the OTEL_* variables name an exporter
+
+
+def wanted(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the OTEL_* variables ask for traces: an exporter named (other than `none`), or
+    an OTLP endpoint given (the spec's default exporter is OTLP); never with
+    OTEL_SDK_DISABLED=true."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporters:
+        return exporters != "none"
+    return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def setup(service: str, env: Mapping[str, str] = os.environ) -> bool:
+    """Install the SDK for this process when the OTEL_* variables ask for traces; `service`
+    names it unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES do. Returns whether tracing
+    is on. Once per process: a second call changes nothing."""
+    global _on
+    if _on or not wanted(env):
+        return _on
+    # The SDK is imported only here: a process without tracing never loads it.
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
+        "OTEL_RESOURCE_ATTRIBUTES", "")
+    provider = TracerProvider(resource=Resource.create({} if named else {"service.name": service}))
+    for exporter in _exporters(env):
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    _on = True
+    log.info("tracing on: spans of %s exported (%s)", service,
+             env.get("OTEL_TRACES_EXPORTER") or "otlp")
+    return True
+
+
+def _exporters(env: Mapping[str, str]) -> list:
+    names = [n.strip() for n in (env.get("OTEL_TRACES_EXPORTER") or "otlp").lower().split(",")]
+    out = []
+    for name in filter(None, names):
+        if name == "otlp":
+            out.append(_otlp(env))
+        elif name == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            out.append(ConsoleSpanExporter())
+        elif name != "none":
+            raise ValueError(f"OTEL_TRACES_EXPORTER: {name!r} is not one of otlp, console, none")
+    return out
+
+
+def _otlp(env: Mapping[str, str]):
+    """The OTLP exporter of the protocol asked (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else
+    OTEL_EXPORTER_OTLP_PROTOCOL; http/protobuf by default, as the spec recommends); it reads
+    its endpoint, headers, timeout, compression and certificates from the variables itself."""
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip().lower()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        return OTLPSpanExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+        return HttpExporter()
+    raise ValueError(f"OTLP protocol {protocol!r}: this SDK exports grpc or http/protobuf")
+
+
+def enabled() -> bool:
+    return _on
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(_TRACER_NAME)
+
+
+# Trace context as text ------------------------------------------------------------------------
+
+
+def traceparent_of(span: Span | None) -> str | None:
+    """The W3C traceparent naming `span` as the parent, or None for no span."""
+    if span is None:
+        return None
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def current_traceparent() -> str | None:
+    """The traceparent of the span current here (None with tracing off, or outside a span)."""
+    if not _on:
+        return None
+    return traceparent_of(trace.get_current_span())
+
+
+def trace_id(traceparent: str | None) -> str | None:
+    """The trace id (32 hex digits) a traceparent names."""
+    if not traceparent:
+        return None
+    parts = traceparent.split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
+
+
+def context_of(traceparent: str | None) -> Context | None:
+    """A context whose parent is the span `traceparent` names; None (the current one) for
+    none."""
+    if not traceparent:
+        return None
+    return _PROPAGATOR.extract({"traceparent": traceparent})
+
+
+def span_context_of(traceparent: str | None) -> SpanContext | None:
+    ctx = context_of(traceparent)
+    if ctx is None:
+        return None
+    found = trace.get_current_span(ctx).get_span_context()
+    return found if found.is_valid else None
+
+
+# Spans ----------------------------------------------------------------------------------------
+
+
+def ns(seconds: float) -> int:
+    """Epoch seconds as the SDK's nanoseconds."""
+    return int(seconds * 1e9)
+
+
+@contextmanager
+def span(name: str, parent: str | None = None,
+         attributes: Attributes | None = None) -> Iterator[Span | None]:
+    """A span around the block, the current one inside it; a child of `parent` (a
+    traceparent), else of the current span. Yields None with tracing off."""
+    if not _on:
+        yield None
+        return
+    with tracer().start_as_current_span(name, context=context_of(parent),
+                                        attributes=attributes) as s:
+        yield s
+
+
+def start(name: str, parent: str | None, at: float | None = None,
+          attributes: Attributes | None = None) -> Span | None:
+    """A span begun at `at` (epoch seconds; now by default) under `parent`, ended by the
+    caller; None with tracing off or without a parent (a job stored without tracing)."""
+    if not _on or not parent:
+        return None
+    return tracer().start_span(name, context=context_of(parent), attributes=attributes,
+                               start_time=ns(at) if at is not None else None)
+
+
+def end(s: Span | None, at: float | None = None, attributes: Attributes | None = None) -> None:
+    if s is None:
+        return
+    if attributes:
+        s.set_attributes(attributes)
+    s.end(end_time=ns(at) if at is not None else None)
+
+
+def record(name: str, parent: Span | str | None, start_at: float, end_at: float | None = None,
+           attributes: Attributes | None = None, links: Sequence[Link] = ()) -> Span | None:
+    """A span of what already happened, from `start_at` to `end_at` (epoch seconds; now by
+    default), under `parent` (a span, or a traceparent); returned (ended) to parent others."""
+    if not _on or parent is None:
+        return None
+    if not isinstance(parent, str):
+        parent = traceparent_of(parent)
+    if parent is None:
+        return None
+    s = tracer().start_span(name, context=context_of(parent), attributes=attributes,
+                            links=links, start_time=ns(start_at))
+    s.end(end_time=ns(end_at if end_at is not None else time.time()))
+    return s
+
+
+def link_to(s: Span | None) -> Link | None:
+    if s is None:
+        return None
+    ctx = s.get_span_context()
+    return Link(ctx) if ctx.is_valid else None
