@@ -21,17 +21,22 @@ from contextlib import contextmanager
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanContext
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
 log = logging.getLogger(__name__)
 
 Attributes = Mapping[str, AttributeValue]
+# What a span's parent may be given as: a span, a context holding one, or a traceparent.
+Parent = Span | Context | str | None
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACER_NAME = "fibermill"
 _on = False  # set once, by `setup`, when the OTEL_* variables name an exporter
+# Fibermill's tracer, made once: the API's get_tracer builds a new one (and its scope) each
+# call, which cost more than the span it was asked for.
+_tracer: trace.Tracer = trace.get_tracer(_TRACER_NAME)
 
 
 def wanted(env: Mapping[str, str] = os.environ) -> bool:
@@ -51,7 +56,7 @@ def setup(service: str, env: Mapping[str, str] = os.environ) -> bool:
     """Install the SDK for this process when the OTEL_* variables ask for traces; `service`
     names it unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES do. Returns whether tracing
     is on. Once per process: a second call changes nothing."""
-    global _on
+    global _on, _tracer
     if _on or not wanted(env):
         return _on
     # The SDK is imported only here: a process without tracing never loads it.
@@ -65,6 +70,7 @@ def setup(service: str, env: Mapping[str, str] = os.environ) -> bool:
     for exporter in _exporters(env):
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    _tracer = provider.get_tracer(_TRACER_NAME)
     _on = True
     log.info("tracing on: spans of %s exported (%s)", service,
              env.get("OTEL_TRACES_EXPORTER") or "otlp")
@@ -107,8 +113,13 @@ def enabled() -> bool:
     return _on
 
 
-def tracer() -> trace.Tracer:
-    return trace.get_tracer(_TRACER_NAME)
+def instrumenting(library: str, env: Mapping[str, str] = os.environ) -> bool:
+    """Whether to install `library`'s instrumentation (fastapi, celery): tracing is on and
+    OTEL_PYTHON_DISABLED_INSTRUMENTATIONS (the auto-instrumentation's own variable) does not
+    name it."""
+    disabled = {n.strip().lower() for n in
+                env.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "").split(",")}
+    return _on and library not in disabled and "*" not in disabled
 
 
 # Trace context as text ------------------------------------------------------------------------
@@ -139,20 +150,34 @@ def trace_id(traceparent: str | None) -> str | None:
     return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
 
 
-def context_of(traceparent: str | None) -> Context | None:
-    """A context whose parent is the span `traceparent` names; None (the current one) for
-    none."""
-    if not traceparent:
-        return None
-    return _PROPAGATOR.extract({"traceparent": traceparent})
-
-
 def span_context_of(traceparent: str | None) -> SpanContext | None:
-    ctx = context_of(traceparent)
-    if ctx is None:
+    """The remote span a traceparent names (version 00: `00-<trace>-<span>-<flags>`), read
+    without the propagator's regular expressions, which cost more than the span made from it;
+    None for none or a malformed one."""
+    if not traceparent or len(traceparent) != 55:
         return None
-    found = trace.get_current_span(ctx).get_span_context()
-    return found if found.is_valid else None
+    try:
+        version, trace_hex, span_hex, flags = traceparent.split("-")
+        ctx = SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True,
+                          trace_flags=TraceFlags(int(flags, 16)))
+    except ValueError:
+        return None
+    return ctx if version == "00" and ctx.is_valid else None
+
+
+def context_of(parent: Parent) -> Context | None:
+    """A context whose parent is `parent` (a span, a context, or the span a traceparent
+    names); None (the current context) for none."""
+    if parent is None or parent == "":
+        return None
+    if isinstance(parent, str):
+        remote = span_context_of(parent)
+        if remote is None:
+            return _PROPAGATOR.extract({"traceparent": parent})  # another version's layout
+        return trace.set_span_in_context(NonRecordingSpan(remote))
+    if isinstance(parent, Context):
+        return parent
+    return trace.set_span_in_context(parent)
 
 
 # Spans ----------------------------------------------------------------------------------------
@@ -164,26 +189,27 @@ def ns(seconds: float) -> int:
 
 
 @contextmanager
-def span(name: str, parent: str | None = None,
+def span(name: str, parent: Parent = None,
          attributes: Attributes | None = None) -> Iterator[Span | None]:
     """A span around the block, the current one inside it; a child of `parent` (a
     traceparent), else of the current span. Yields None with tracing off."""
     if not _on:
         yield None
         return
-    with tracer().start_as_current_span(name, context=context_of(parent),
-                                        attributes=attributes) as s:
+    with _tracer.start_as_current_span(name, context=context_of(parent),
+                                       attributes=attributes) as s:
         yield s
 
 
-def start(name: str, parent: str | None, at: float | None = None,
+def start(name: str, parent: Parent, at: float | None = None,
           attributes: Attributes | None = None) -> Span | None:
-    """A span begun at `at` (epoch seconds; now by default) under `parent`, ended by the
-    caller; None with tracing off or without a parent (a job stored without tracing)."""
-    if not _on or not parent:
+    """A span begun at `at` (epoch seconds; now by default) under `parent` (a span, or a
+    traceparent), ended by the caller; None with tracing off or without a parent (a job stored
+    without tracing)."""
+    if not _on or parent is None or parent == "":
         return None
-    return tracer().start_span(name, context=context_of(parent), attributes=attributes,
-                               start_time=ns(at) if at is not None else None)
+    return _tracer.start_span(name, context=context_of(parent), attributes=attributes,
+                              start_time=ns(at) if at is not None else None)
 
 
 def end(s: Span | None, at: float | None = None, attributes: Attributes | None = None) -> None:
@@ -194,18 +220,14 @@ def end(s: Span | None, at: float | None = None, attributes: Attributes | None =
     s.end(end_time=ns(at) if at is not None else None)
 
 
-def record(name: str, parent: Span | str | None, start_at: float, end_at: float | None = None,
+def record(name: str, parent: Parent, start_at: float, end_at: float | None = None,
            attributes: Attributes | None = None, links: Sequence[Link] = ()) -> Span | None:
     """A span of what already happened, from `start_at` to `end_at` (epoch seconds; now by
-    default), under `parent` (a span, or a traceparent); returned (ended) to parent others."""
-    if not _on or parent is None:
+    default), under `parent`; returned (ended) to parent others."""
+    if not _on or parent is None or parent == "":
         return None
-    if not isinstance(parent, str):
-        parent = traceparent_of(parent)
-    if parent is None:
-        return None
-    s = tracer().start_span(name, context=context_of(parent), attributes=attributes,
-                            links=links, start_time=ns(start_at))
+    s = _tracer.start_span(name, context=context_of(parent), attributes=attributes,
+                           links=links, start_time=ns(start_at))
     s.end(end_time=ns(end_at if end_at is not None else time.time()))
     return s
 

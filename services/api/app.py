@@ -107,7 +107,7 @@ def create_app() -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware)  # outermost: counts 413s and 500s too
     errors.install(app)
-    if tracing.setup("fibermill-api"):
+    if tracing.setup("fibermill-api") and tracing.instrumenting("fastapi"):
         instrument(app)
     app.include_router(jobs.router)
     app.include_router(models.router)

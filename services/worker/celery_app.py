@@ -58,7 +58,7 @@ def _logs(loglevel: str | int | None = None, **_) -> None:
 def _load(**_) -> None:
     global _runtime
     settings = get_settings()
-    if tracing.setup("fibermill-worker"):
+    if tracing.setup("fibermill-worker") and tracing.instrumenting("celery"):
         # Its task span joins the job's trace from the message's traceparent header.
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
 

@@ -2,7 +2,7 @@
 a real OTLP/HTTP receiver (tests/e2e/otlp_receiver.py), configured by OTEL_* variables alone.
 A two-prompt job's trace holds the API's spans (the request, the submit, the join, the
 webhook) and the worker's (the Celery task, and per prompt its wait in the queue, its lease,
-batch, device steps and store), joined into one tree; the job's status, its timeline and its
+batch and device steps), joined into one tree; the job's status, its timeline and its
 webhook name the trace."""
 
 import time
@@ -19,8 +19,7 @@ from tests.e2e.otlp_receiver import Receiver, Span
 pytestmark = pytest.mark.e2e
 
 API, WORKER = "fibermill-api", "fibermill-worker"
-PER_PROMPT = ["fibermill.queue", "fibermill.lease", "fibermill.batch", "fibermill.device",
-              "fibermill.store"]
+PER_PROMPT = ["fibermill.queue", "fibermill.lease", "fibermill.batch", "fibermill.device"]
 
 
 @pytest.fixture(scope="module")
@@ -98,22 +97,27 @@ def test_a_two_prompt_job_is_one_trace_across_both_services(traced):
         if s.name.startswith("run/") or s.name in ("fibermill.queue", "fibermill.lease"):
             assert s.parent_id == submit.span_id, s
 
+    def children(parent: Span, name: str) -> list[Span]:
+        return [s for s in spans if s.parent_id == parent.span_id and s.name == name]
+
     for index in (0, 1):
+        # The spans under the submit name their sub-request; those under its lease are its.
         mine = {s.name: s for s in spans if s.attributes.get("fibermill.index") == index}
-        assert set(PER_PROMPT) <= set(mine), (index, sorted(mine))
-        lease, batch = mine["fibermill.lease"], mine["fibermill.batch"]
-        assert by_id[batch.parent_id] is lease
-        assert by_id[mine["fibermill.device"].parent_id] is batch
-        assert by_id[mine["fibermill.store"].parent_id] is lease
+        assert set(mine) == {"fibermill.queue", "fibermill.lease"}, (index, sorted(mine))
+        queue, lease = mine["fibermill.queue"], mine["fibermill.lease"]
+        (batch,) = children(lease, "fibermill.batch")
+        (device,) = children(batch, "fibermill.device")
         assert lease.attributes["fibermill.outcome"] == "succeeded"
         assert lease.attributes["fibermill.attempt"] == 1
+        assert lease.attributes["fibermill.job_final"] is False  # the join makes it final
         assert batch.attributes["fibermill.batch.size"] >= 1
+        assert device.attributes["fibermill.steps"] >= 1
         # The other sub-requests its batch started with are links to their lease spans.
         for linked_trace, linked_span in batch.links:
             assert by_id[linked_span].name == "fibermill.lease" and linked_trace == trace_id
-        queue = mine["fibermill.queue"]
         assert queue.start_ns >= submit.start_ns and queue.end_ns <= lease.start_ns + 10**6
-        assert lease.start_ns <= batch.start_ns <= mine["fibermill.device"].start_ns
+        assert lease.start_ns <= batch.start_ns <= device.start_ns <= device.end_ns
+        assert device.end_ns <= lease.end_ns
 
     (hook,) = [s for s in spans if s.name == "fibermill.webhook"]
     assert hook.attributes["fibermill.webhook.verdict"] == "delivered"
@@ -141,10 +145,10 @@ def test_a_callers_traceparent_makes_the_job_part_of_its_trace(traced):
               "input": {"prompts": ["A"], "max_new_tokens": 2}})
     job = r.json()
     assert job["status"] == "succeeded" and job["trace_id"] == caller
-    spans = _spans(receiver, caller, {"fibermill.store": 1, "fibermill.submit": 1})
-    (store,) = [s for s in spans if s.name == "fibermill.store"]
+    spans = _spans(receiver, caller, {"fibermill.lease": 1, "fibermill.submit": 1})
+    (lease,) = [s for s in spans if s.name == "fibermill.lease"]
     # A one-prompt text job becomes final in the script that stores its result: no join.
-    assert store.attributes["fibermill.job_final"] is True
+    assert lease.attributes["fibermill.job_final"] is True
     assert "fibermill.join" not in {s.name for s in spans}
     (server,) = [s for s in spans if s.name == "POST /v1/jobs"]
     assert server.parent_id == "00f067aa0ba902b7"

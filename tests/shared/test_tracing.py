@@ -53,3 +53,23 @@ def test_off_makes_no_spans():
         assert tracing.current_traceparent() is None
     tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     assert tracing.start("fibermill.lease", tp) is None
+
+
+def test_a_traceparent_is_read_as_its_remote_span_or_refused():
+    ctx = tracing.span_context_of("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
+    assert ctx is not None and ctx.is_remote and not ctx.trace_flags.sampled
+    for bad in ("00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # invalid ids
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bx-01",
+                "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ""):
+        assert tracing.span_context_of(bad) is None, bad
+    assert tracing.context_of(None) is None and tracing.context_of("") is None
+
+
+def test_instrumentations_follow_the_standard_disabling_variable(monkeypatch):
+    assert not tracing.instrumenting("celery", {})  # off: none
+    monkeypatch.setattr(tracing, "_on", True)  # the flag alone: no SDK is set up here
+    var = "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"
+    assert tracing.instrumenting("celery", {}) and tracing.instrumenting("fastapi", {var: ""})
+    assert not tracing.instrumenting("celery", {var: "fastapi, celery"})
+    assert tracing.instrumenting("fastapi", {var: "celery"})
+    assert not tracing.instrumenting("fastapi", {var: "*"})
