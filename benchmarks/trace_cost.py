@@ -2,14 +2,16 @@
 
     python -m benchmarks.trace_cost [--jobs 400] [--rounds 3] [--out FILE]
 
-Two stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_* variables:
-one traces every job (OTLP over HTTP to a receiver in this process, which decodes and counts
-what it is sent: an export that nobody takes would cost retries instead), the other has no
-exporter (the no-op tracer: shared/tracing.py). Measured in turns, the other stack frozen
+Three stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
+variables: one traces every job as deployed (OTLP over HTTP to a receiver in this process,
+which decodes and counts what it is sent: an export that nobody takes would cost retries
+instead), one the same without FastAPI's and Celery's instrumentations
+(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS: Fibermill's own spans only), and one has no exporter
+(the no-op tracer: shared/tracing.py). Measured in turns, the others frozen
 (processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
-benchmarks/replication_cost.py does. Reported: jobs/s and p50 latency of each, their ratio
-(the median of the rounds' ratios: the machine's speed drifts between rounds) and the spans
-exported per job.
+benchmarks/replication_cost.py does. Reported: jobs/s and p50 latency of each, each traced
+stack's ratio to the untraced one (the median of the rounds' ratios: the machine's speed
+drifts between rounds) and the spans exported per job.
 """
 
 import argparse
@@ -19,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -111,42 +114,61 @@ def run(jobs: int = 400, rounds: int = 3) -> dict:
         sink.close()
 
 
+TRACED, OWN, PLAIN = "traced", "own", "plain"
+
+
+def _envs(sink: SpanSink) -> dict[str, dict[str, str]]:
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
+              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+              "OTEL_BSP_SCHEDULE_DELAY": str(SCHEDULE_DELAY_MS)}
+    return {TRACED: traced,
+            OWN: {**traced, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi,celery"},
+            PLAIN: {"OTEL_TRACES_EXPORTER": "none"}}
+
+
 def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
-    sides = {True: Side("traced (OTLP/HTTP)"), False: Side("not traced (no exporter)")}
-    traced_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
-                  "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                  "OTEL_BSP_SCHEDULE_DELAY": str(SCHEDULE_DELAY_MS)}
-    with bench_stack(MODEL, env=traced_env, logdir=tmp / "traced") as traced, \
-         bench_stack(MODEL, env={"OTEL_TRACES_EXPORTER": "none"}, logdir=tmp / "plain") as plain:
-        stacks: dict[bool, BenchStack] = {True: traced, False: plain}
-        for on in (True, False):  # warm-up: each model's first bursts are slower
-            with frozen(stacks[not on].procs):
-                asyncio.run(_burst(stacks[on].url, jobs // 4))
+    sides = {TRACED: Side("traced (OTLP/HTTP)"),
+             OWN: Side("traced, Fibermill's spans only (no FastAPI or Celery instrumentation)"),
+             PLAIN: Side("not traced (no exporter)")}
+    with ExitStack() as running:
+        stacks: dict[str, BenchStack] = {
+            k: running.enter_context(bench_stack(MODEL, env=env, logdir=tmp / k))
+            for k, env in _envs(sink).items()}
+
+        def others(k: str) -> list:
+            return [p for o, st in stacks.items() if o != k for p in st.procs]
+
+        for k in stacks:  # warm-up: each model's first bursts are slower
+            with frozen(others(k)):
+                asyncio.run(_burst(stacks[k].url, jobs // 4))
+        order = list(stacks)
         for r in range(rounds):
-            for on in ((True, False) if r % 2 == 0 else (False, True)):
+            for k in order[r % 3:] + order[:r % 3]:
                 before = sink.spans
-                with frozen(stacks[not on].procs):
-                    rps, p50 = asyncio.run(_burst(stacks[on].url, jobs))
-                    if on:  # the burst's last spans, exported before the stack is frozen
+                with frozen(others(k)):
+                    rps, p50 = asyncio.run(_burst(stacks[k].url, jobs))
+                    if k != PLAIN:  # the burst's last spans, exported before it is frozen
                         time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
-                side = sides[on]
+                side = sides[k]
                 side.rps.append(rps)
                 side.p50.append(p50)
                 side.spans_per_job.append((sink.spans - before) / jobs)
                 print(f"[trace-cost {time.strftime('%H:%M:%S')}] {side.name}: {rps:.1f} jobs/s",
                       file=sys.stderr, flush=True)
-    ratios = [t / p for t, p in zip(sides[True].rps, sides[False].rps, strict=True)]
-    return {"jobs": jobs, "rounds": rounds, "sides": sides, "ratio": statistics.median(ratios),
-            "ratios": ratios}
+    ratios = {k: [t / p for t, p in zip(sides[k].rps, sides[PLAIN].rps, strict=True)]
+              for k in (TRACED, OWN)}
+    return {"jobs": jobs, "rounds": rounds, "sides": sides, "ratios": ratios,
+            "ratio": {k: statistics.median(v) for k, v in ratios.items()}}
 
 
 def report(r: dict) -> list[str]:
     lines = [
         "## Tracing: what a trace per job costs", "",
-        f"From benchmarks/trace_cost.py: two stacks alike but for the OTEL_* variables (one "
-        f"exports every job's spans over OTLP/HTTP to a receiver on this machine, the other has "
-        f"no exporter), measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt "
-        f"{MODEL} jobs ({NEW_TOKENS} new tokens) from {CLIENTS} clients.", "",
+        f"From benchmarks/trace_cost.py: three stacks alike but for the OTEL_* variables (two "
+        f"export every job's spans over OTLP/HTTP to a receiver on this machine, one of them "
+        f"without FastAPI's and Celery's instrumentations; the third has no exporter), "
+        f"measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
+        f"({NEW_TOKENS} new tokens) from {CLIENTS} clients.", "",
         "| stack | jobs/s (median) | rounds | p50 latency (ms) | spans per job |",
         "|---|---|---|---|---|",
     ]
@@ -155,8 +177,10 @@ def report(r: dict) -> list[str]:
                      f"{', '.join(f'{x:.1f}' for x in side.rps)} | "
                      f"{statistics.median(side.p50) * 1000:.0f} | "
                      f"{statistics.median(side.spans_per_job):.1f} |")
-    lines += ["", f"Jobs/s traced / not traced: **{r['ratio']:.2f}x** (the median of the rounds' "
-              f"ratios: {', '.join(f'{x:.2f}' for x in r['ratios'])})."]
+    lines.append("")
+    for k, what in ((TRACED, "traced"), (OWN, "Fibermill's spans only")):
+        lines.append(f"Jobs/s {what} / not traced: **{r['ratio'][k]:.2f}x** (the median of "
+                     f"the rounds' ratios: {', '.join(f'{x:.2f}' for x in r['ratios'][k])}).")
     return lines
 
 

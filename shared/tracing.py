@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from opentelemetry import trace
-from opentelemetry.context import Context
+from opentelemetry.context import Context, attach, detach
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
@@ -199,6 +199,23 @@ def span(name: str, parent: Parent = None,
     with _tracer.start_as_current_span(name, context=context_of(parent),
                                        attributes=attributes) as s:
         yield s
+
+
+@contextmanager
+def continued(traceparent: str | None) -> Iterator[None]:
+    """Inside the block, spans without a parent of their own continue the trace `traceparent`
+    names (a caller's W3C header), unless a span is current already (the server span of
+    FastAPI's instrumentation, which read the same header)."""
+    if not _on or not traceparent or trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    ctx = context_of(traceparent)
+    token = attach(ctx) if ctx is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            detach(token)
 
 
 def start(name: str, parent: Parent, at: float | None = None,

@@ -19,6 +19,7 @@ from services.api.prefer import PreferWait, prefer_wait
 from services.api.ratelimit import RateLimiter, bucket_key
 from services.api.submission import Submissions, Submitted
 from services.api.watchers import Watchers
+from shared import tracing
 from shared.blobstore.base import BlobStore
 from shared.errors import JobNotFound
 from shared.job import JobRequest
@@ -139,11 +140,13 @@ class Submitter:
     principal: Principal
     idempotency_key: str | None
     base_url: str
+    traceparent: str | None = None  # the caller's W3C header: its trace holds the job's
 
     async def submit(self, req: JobRequest) -> Submitted:
-        return await self.submissions.submit(req, self.principal, self.idempotency_key,
-                                             self.base_url,
-                                             bucket=self.limiter.bucket(self.principal))
+        with tracing.continued(self.traceparent):
+            return await self.submissions.submit(req, self.principal, self.idempotency_key,
+                                                 self.base_url,
+                                                 bucket=self.limiter.bucket(self.principal))
 
 
 async def _submitter(
@@ -154,7 +157,7 @@ async def _submitter(
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> Submitter:
     return Submitter(submissions, limiter, principal, idempotency_key,
-                     str(request.base_url).rstrip("/"))
+                     str(request.base_url).rstrip("/"), request.headers.get("traceparent"))
 
 
 SubmitterDep = Annotated[Submitter, Depends(_submitter)]

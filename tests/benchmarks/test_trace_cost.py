@@ -5,7 +5,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from benchmarks.trace_cost import Side, SpanSink, report
+from benchmarks.trace_cost import OWN, PLAIN, TRACED, Side, SpanSink, _envs, report
 
 
 def test_the_sink_counts_the_spans_an_exporter_sends():
@@ -25,10 +25,23 @@ def test_the_sink_counts_the_spans_an_exporter_sends():
         sink.close()
 
 
-def test_the_report_states_each_side_and_the_ratio():
-    sides = {True: Side("traced", [96.0, 98.0], [0.30, 0.31], [12.0, 12.0]),
-             False: Side("not traced", [100.0, 100.0], [0.29, 0.30], [0.0, 0.0])}
-    text = "\n".join(report({"jobs": 40, "rounds": 2, "sides": sides, "ratio": 0.97,
-                             "ratios": [0.96, 0.98]}))
+def test_the_report_states_each_side_and_the_ratios():
+    sides = {TRACED: Side("traced", [96.0, 98.0], [0.30, 0.31], [12.0, 12.0]),
+             OWN: Side("own", [99.0, 99.0], [0.29, 0.30], [6.0, 6.0]),
+             PLAIN: Side("not traced", [100.0, 100.0], [0.29, 0.30], [0.0, 0.0])}
+    text = "\n".join(report({"jobs": 40, "rounds": 2, "sides": sides,
+                             "ratio": {TRACED: 0.97, OWN: 0.99},
+                             "ratios": {TRACED: [0.96, 0.98], OWN: [0.99, 0.99]}}))
     assert "| traced | 97.0 | 96.0, 98.0 | 305 | 12.0 |" in text
-    assert "**0.97x**" in text and "0.96, 0.98" in text
+    assert "traced / not traced: **0.97x**" in text and "0.96, 0.98" in text
+    assert "spans only / not traced: **0.99x**" in text
+
+
+def test_the_traced_sides_differ_only_in_the_instrumentations():
+    sink = SpanSink()
+    try:
+        envs = _envs(sink)
+    finally:
+        sink.close()
+    assert envs[OWN].pop("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS") == "fastapi,celery"
+    assert envs[OWN] == envs[TRACED] and envs[PLAIN] == {"OTEL_TRACES_EXPORTER": "none"}

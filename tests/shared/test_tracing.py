@@ -73,3 +73,19 @@ def test_instrumentations_follow_the_standard_disabling_variable(monkeypatch):
     assert not tracing.instrumenting("celery", {var: "fastapi, celery"})
     assert tracing.instrumenting("fastapi", {var: "celery"})
     assert not tracing.instrumenting("fastapi", {var: "*"})
+
+
+def test_a_callers_traceparent_is_continued_where_no_span_is_current(monkeypatch):
+    from opentelemetry import trace
+
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with tracing.continued(tp):  # off: nothing attached
+        assert not trace.get_current_span().get_span_context().is_valid
+    monkeypatch.setattr(tracing, "_on", True)  # the flag alone: no SDK is set up here
+    with tracing.continued(tp):
+        inside = trace.get_current_span().get_span_context()
+        assert f"{inside.trace_id:032x}" == tracing.trace_id(tp) and inside.is_remote
+        other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        with tracing.continued(other):  # a span is current already: it stays the parent
+            assert trace.get_current_span().get_span_context() == inside
+    assert not trace.get_current_span().get_span_context().is_valid

@@ -164,7 +164,7 @@ def test_text_job_shows_texts_beside_their_prompts(page):
     for i in range(2):
         cells = rows.nth(i).locator("td").all_text_contents()
         assert cells[0] == f"#{i + 1}" and all(c.startswith("+") for c in cells[1:5]), cells
-        assert cells[5] == "1" and cells[6] not in ("", "–"), cells
+        assert cells[5] == "1" and cells[6] not in ("", "\u2013"), cells
     assert page.is_hidden("#job-trace")
     assert page.page_errors == []
 
