@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialBackoff
@@ -83,7 +84,7 @@ class PrimaryUnixConnection(_NoReplicasRetried, aioredis.UnixDomainSocketConnect
     """The same over a Unix socket (a `unix://` URL)."""
 
 
-def _primary_class(url: str) -> type[aioredis.Connection] | type[aioredis.UnixDomainSocketConnection]:
+def _primary_class(url: str) -> type[AbstractConnection]:
     # from_url's own choice by scheme is replaced by any connection_class passed to it, so
     # the scheme is read here.
     scheme = urlsplit(url).scheme
