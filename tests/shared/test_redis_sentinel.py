@@ -5,6 +5,7 @@ primary died is taken from the new one), and the writes that make a job wait for
 replica and three sentinels, each a process (services/devstack/redis_sentinel.py)."""
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -12,6 +13,8 @@ import redis
 from kombu import Connection
 
 from services.devstack.redis_sentinel import SentinelGroup
+from services.worker.cancellation import CancelListener
+from services.worker.flights import Flights
 from shared import names
 from shared.celery_config import SENTINEL_TRANSPORT, broker
 from shared.errors import NotReplicated
@@ -270,3 +273,40 @@ def test_the_api_answers_503_not_replicated_and_the_retry_returns_the_job(group,
         for node in group.nodes:
             group.resume(node)
         get_settings.cache_clear()
+
+
+class _Watched(Flights):
+    """Flights that remember which jobs a watch notice named (none are held here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def watch_job(self, job_id: str) -> int:
+        self.seen.append(job_id)
+        return 0
+
+
+async def _published_until_seen(client, flights: _Watched, job_id: str, timeout: float) -> None:
+    # A subscription is not in place the moment its task starts (nor at once after a
+    # failover): publish until the listener has seen one.
+    deadline = time.monotonic() + timeout
+    while job_id not in flights.seen:
+        assert time.monotonic() < deadline, f"{job_id} never reached the listener"
+        await client.publish(names.WATCH_CHANNEL, job_id)
+        await asyncio.sleep(0.2)
+
+
+async def test_the_worker_cancel_listener_resubscribes_on_the_new_primary(group):
+    client = connect(_settings(group))
+    flights = _Watched()
+    listener = asyncio.create_task(CancelListener(client, flights).run())
+    try:
+        await _published_until_seen(client, flights, "before", 10)
+        _fail_over(group)
+        await _published_until_seen(client, flights, "after", 30)
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+        await client.aclose()
