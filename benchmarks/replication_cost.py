@@ -18,45 +18,12 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
-
-from benchmarks.peers import closed_loop, final_job
+from benchmarks.one_prompt_bursts import CLIENTS, MODEL, NEW_TOKENS, Side, burst
 from benchmarks.stack import BenchStack, bench_stack
 from services.devstack.processes import frozen
 from services.devstack.redis_sentinel import SentinelGroup
-
-MODEL = "tiny-gpt2"
-CLIENTS = 32
-NEW_TOKENS = 4
-
-
-@dataclass
-class Side:
-    name: str
-    rps: list[float] = field(default_factory=list)
-    p50: list[float] = field(default_factory=list)
-
-
-async def _burst(url: str, jobs: int) -> tuple[float, float]:
-    """jobs/s and p50 seconds of `jobs` one-prompt jobs from CLIENTS clients."""
-    connector = aiohttp.TCPConnector(limit=CLIENTS + 8)
-    async with aiohttp.ClientSession(url, connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=300)) as http:
-        async def send(i: int) -> int | None:
-            body = {"task": "text-generation", "model": MODEL,
-                    "input": {"prompts": [f"Job {i} says"], "max_new_tokens": NEW_TOKENS}}
-            async with http.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"}) as r:
-                r.raise_for_status()
-                job = await final_job(http, await r.json())
-            if job["status"] != "succeeded":
-                raise RuntimeError(f"job {job['id']} {job['status']}: {job.get('error')}")
-            return None
-
-        load = await closed_loop(send, list(range(jobs)), CLIENTS)
-    return load.rps, load.p50
 
 
 def run(jobs: int = 400, rounds: int = 3) -> dict:
@@ -82,11 +49,11 @@ def _measure(group: SentinelGroup, tmp: Path, jobs: int, rounds: int) -> dict:
         stacks = {1: waiting, 0: plain}
         for replicas in (1, 0):  # warm-up: each model's first bursts are slower
             with frozen(stacks[1 - replicas].procs):
-                asyncio.run(_burst(stacks[replicas].url, jobs // 4))
+                asyncio.run(burst(stacks[replicas].url, jobs // 4))
         for r in range(rounds):
             for replicas in ((1, 0) if r % 2 == 0 else (0, 1)):
                 with frozen(stacks[1 - replicas].procs):
-                    rps, p50 = asyncio.run(_burst(stacks[replicas].url, jobs))
+                    rps, p50 = asyncio.run(burst(stacks[replicas].url, jobs))
                 sides[replicas].rps.append(rps)
                 sides[replicas].p50.append(p50)
                 print(f"[replication {time.strftime('%H:%M:%S')}] {sides[replicas].name}: "

@@ -26,29 +26,22 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import aiohttp
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from benchmarks.peers import closed_loop, final_job
+from benchmarks.one_prompt_bursts import CLIENTS, MODEL, NEW_TOKENS, Side, burst
 from benchmarks.stack import BenchStack, bench_stack
 from services.devstack.processes import frozen
 
-MODEL = "tiny-gpt2"
-CLIENTS = 32
-NEW_TOKENS = 4
 # Exported within half a second of a span's end (the SDK's default waits 5 s), so the spans a
 # burst made are counted by the burst's end.
 SCHEDULE_DELAY_MS = 500
 
 
 @dataclass
-class Side:
-    name: str
-    rps: list[float] = field(default_factory=list)
-    p50: list[float] = field(default_factory=list)
+class TracedSide(Side):
     spans_per_job: list[float] = field(default_factory=list)
 
 
@@ -99,25 +92,6 @@ class SpanSink:
         self.server.server_close()
 
 
-async def _burst(url: str, jobs: int) -> tuple[float, float]:
-    """jobs/s and p50 seconds of `jobs` one-prompt jobs from CLIENTS clients."""
-    connector = aiohttp.TCPConnector(limit=CLIENTS + 8)
-    async with aiohttp.ClientSession(url, connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=300)) as http:
-        async def send(i: int) -> int | None:
-            body = {"task": "text-generation", "model": MODEL,
-                    "input": {"prompts": [f"Job {i} says"], "max_new_tokens": NEW_TOKENS}}
-            async with http.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"}) as r:
-                r.raise_for_status()
-                job = await final_job(http, await r.json())
-            if job["status"] != "succeeded":
-                raise RuntimeError(f"job {job['id']} {job['status']}: {job.get('error')}")
-            return None
-
-        load = await closed_loop(send, list(range(jobs)), CLIENTS)
-    return load.rps, load.p50
-
-
 def run(jobs: int = 400, rounds: int = 3) -> dict:
     sink = SpanSink()
     try:
@@ -140,9 +114,10 @@ def _envs(sink: SpanSink) -> dict[str, dict[str, str]]:
 
 
 def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
-    sides = {TRACED: Side("traced (OTLP/HTTP)"),
-             OWN: Side("traced, Fibermill's spans only (no FastAPI or Celery instrumentation)"),
-             PLAIN: Side("not traced (no exporter)")}
+    sides = {TRACED: TracedSide("traced (OTLP/HTTP)"),
+             OWN: TracedSide("traced, Fibermill's spans only "
+                             "(no FastAPI or Celery instrumentation)"),
+             PLAIN: TracedSide("not traced (no exporter)")}
     with ExitStack() as running:
         stacks: dict[str, BenchStack] = {
             k: running.enter_context(bench_stack(MODEL, env=env, logdir=tmp / k))
@@ -153,13 +128,13 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
 
         for k in stacks:  # warm-up: each model's first bursts are slower
             with frozen(others(k)):
-                asyncio.run(_burst(stacks[k].url, jobs // 4))
+                asyncio.run(burst(stacks[k].url, jobs // 4))
         order = list(stacks)
         for r in range(rounds):
             for k in order[r % 3:] + order[:r % 3]:
                 before = sink.spans
                 with frozen(others(k)):
-                    rps, p50 = asyncio.run(_burst(stacks[k].url, jobs))
+                    rps, p50 = asyncio.run(burst(stacks[k].url, jobs))
                     if k != PLAIN:  # the burst's last spans, exported before it is frozen
                         time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
                 side = sides[k]

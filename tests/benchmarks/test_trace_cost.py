@@ -5,7 +5,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from benchmarks.trace_cost import OWN, PLAIN, TRACED, Side, SpanSink, _envs, report
+from benchmarks.trace_cost import OWN, PLAIN, TRACED, SpanSink, TracedSide, _envs, report
 
 
 def test_the_sink_counts_the_spans_an_exporter_sends():
@@ -26,9 +26,9 @@ def test_the_sink_counts_the_spans_an_exporter_sends():
 
 
 def test_the_report_states_each_side_and_the_ratios():
-    sides = {TRACED: Side("traced", [96.0, 98.0], [0.30, 0.31], [12.0, 12.0]),
-             OWN: Side("own", [99.0, 99.0], [0.29, 0.30], [6.0, 6.0]),
-             PLAIN: Side("not traced", [100.0, 100.0], [0.29, 0.30], [0.0, 0.0])}
+    sides = {TRACED: TracedSide("traced", [96.0, 98.0], [0.30, 0.31], [12.0, 12.0]),
+             OWN: TracedSide("own", [99.0, 99.0], [0.29, 0.30], [6.0, 6.0]),
+             PLAIN: TracedSide("not traced", [100.0, 100.0], [0.29, 0.30], [0.0, 0.0])}
     text = "\n".join(report({"jobs": 40, "rounds": 2, "sides": sides,
                              "ratio": {TRACED: 0.97, OWN: 0.99},
                              "ratios": {TRACED: [0.96, 0.98], OWN: [0.99, 0.99]}}))
