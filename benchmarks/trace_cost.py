@@ -5,7 +5,7 @@
 Three stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
 variables: one traces every job as deployed (OTLP over HTTP to a receiver in this process,
 which decodes and counts what it is sent: an export that nobody takes would cost retries
-instead), one the same without FastAPI's and Celery's instrumentations
+instead), one the same without FastAPI's instrumentation
 (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS: Fibermill's own spans only), and one has no exporter
 (the no-op tracer: shared/tracing.py). Measured in turns, the others frozen
 (processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
@@ -109,14 +109,13 @@ def _envs(sink: SpanSink) -> dict[str, dict[str, str]]:
               "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
               "OTEL_BSP_SCHEDULE_DELAY": str(SCHEDULE_DELAY_MS)}
     return {TRACED: traced,
-            OWN: {**traced, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi,celery"},
+            OWN: {**traced, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi"},
             PLAIN: {"OTEL_TRACES_EXPORTER": "none"}}
 
 
 def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
     sides = {TRACED: TracedSide("traced (OTLP/HTTP)"),
-             OWN: TracedSide("traced, Fibermill's spans only "
-                             "(no FastAPI or Celery instrumentation)"),
+             OWN: TracedSide("traced, Fibermill's spans only (no FastAPI instrumentation)"),
              PLAIN: TracedSide("not traced (no exporter)")}
     with ExitStack() as running:
         stacks: dict[str, BenchStack] = {
@@ -154,7 +153,7 @@ def report(r: dict) -> list[str]:
         "## Tracing: what a trace per job costs", "",
         f"From benchmarks/trace_cost.py: three stacks alike but for the OTEL_* variables (two "
         f"export every job's spans over OTLP/HTTP to a receiver on this machine, one of them "
-        f"without FastAPI's and Celery's instrumentations; the third has no exporter), "
+        f"without FastAPI's instrumentation; the third has no exporter), "
         f"measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients.", "",
         "| stack | jobs/s (median) | rounds | p50 latency (ms) | spans per job |",

@@ -60,8 +60,9 @@ def _task_args(sub: SubRequest) -> list[dict[str, Any]]:
 
 
 def _trace_headers(sub: SubRequest) -> dict[str, str] | None:
-    """The job's trace in the message's headers too, where Celery's instrumentation on the
-    worker finds its parent; the worker's own spans read it from the sub-request."""
+    """The job's trace in the message's headers too, as Celery-aware tools (Celery's own
+    instrumentation, where someone adds it) look for it; the worker's spans read it from the
+    sub-request, which every sender rebuilds or passes on."""
     return {"traceparent": sub.traceparent} if sub.traceparent is not None else None
 
 

@@ -18,25 +18,30 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.context import Context, attach, detach
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
+
+from shared.open_span import Open
+
+if TYPE_CHECKING:
+    from shared.span_recorder import Recorder
 
 log = logging.getLogger(__name__)
 
 Attributes = Mapping[str, AttributeValue]
-# What a span's parent may be given as: a span, a context holding one, or a traceparent.
-Parent = Span | Context | str | None
+# What a span's parent may be given as: one of Fibermill's spans (open, or the context of one
+# ended), an SDK span, a context holding one, or a traceparent.
+Parent = Open | SpanContext | Span | Context | str | None
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACER_NAME = "fibermill"
 _on = False  # set once, by `setup`, when the OTEL_* variables name an exporter
-# Fibermill's tracer, made once: the API's get_tracer builds a new one (and its scope) each
-# call, which cost more than the span it was asked for.
-_tracer: trace.Tracer = trace.get_tracer(_TRACER_NAME)
+_recorder: "Recorder | None" = None  # Fibermill's own spans (shared/span_recorder.py)
 
 
 def wanted(env: Mapping[str, str] = os.environ) -> bool:
@@ -56,7 +61,7 @@ def setup(service: str, env: Mapping[str, str] = os.environ) -> bool:
     """Install the SDK for this process when the OTEL_* variables ask for traces; `service`
     names it unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES do. Returns whether tracing
     is on. Once per process: a second call changes nothing."""
-    global _on, _tracer
+    global _on, _recorder
     if _on or not wanted(env):
         return _on
     # The SDK is imported only here: a process without tracing never loads it.
@@ -64,13 +69,16 @@ def setup(service: str, env: Mapping[str, str] = os.environ) -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from shared.span_recorder import Recorder
+
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
         "OTEL_RESOURCE_ATTRIBUTES", "")
     provider = TracerProvider(resource=Resource.create({} if named else {"service.name": service}))
-    for exporter in _exporters(env):
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+    processors = [BatchSpanProcessor(exporter) for exporter in _exporters(env)]
+    for processor in processors:
+        provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    _tracer = provider.get_tracer(_TRACER_NAME)
+    _recorder = Recorder(provider, processors, _TRACER_NAME)
     _on = True
     log.info("tracing on: spans of %s exported (%s)", service,
              env.get("OTEL_TRACES_EXPORTER") or "otlp")
@@ -125,11 +133,11 @@ def instrumenting(library: str, env: Mapping[str, str] = os.environ) -> bool:
 # Trace context as text ------------------------------------------------------------------------
 
 
-def traceparent_of(span: Span | None) -> str | None:
+def traceparent_of(span: Open | Span | SpanContext | None) -> str | None:
     """The W3C traceparent naming `span` as the parent, or None for no span."""
     if span is None:
         return None
-    ctx = span.get_span_context()
+    ctx = _span_context(span)
     if not ctx.is_valid:
         return None
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
@@ -166,18 +174,39 @@ def span_context_of(traceparent: str | None) -> SpanContext | None:
 
 
 def context_of(parent: Parent) -> Context | None:
-    """A context whose parent is `parent` (a span, a context, or the span a traceparent
-    names); None (the current context) for none."""
+    """A context whose parent is `parent`; None (the current context) for none."""
+    if parent is None or parent == "":
+        return None
+    if isinstance(parent, Context):
+        return parent
+    if isinstance(parent, str) and span_context_of(parent) is None:
+        return _PROPAGATOR.extract({"traceparent": parent})  # another version's layout
+    ctx = parent_of(parent)
+    return None if ctx is None else trace.set_span_in_context(NonRecordingSpan(ctx))
+
+
+def parent_of(parent: Parent) -> SpanContext | None:
+    """The span context `parent` names, or None for none (or a traceparent not understood)."""
     if parent is None or parent == "":
         return None
     if isinstance(parent, str):
-        remote = span_context_of(parent)
-        if remote is None:
-            return _PROPAGATOR.extract({"traceparent": parent})  # another version's layout
-        return trace.set_span_in_context(NonRecordingSpan(remote))
-    if isinstance(parent, Context):
-        return parent
-    return trace.set_span_in_context(parent)
+        ctx = span_context_of(parent)
+        if ctx is None:
+            ctx = trace.get_current_span(_PROPAGATOR.extract({"traceparent": parent})
+                                         ).get_span_context()
+    elif isinstance(parent, Context):
+        ctx = trace.get_current_span(parent).get_span_context()
+    else:
+        ctx = _span_context(parent)
+    return ctx if ctx.is_valid else None
+
+
+def _span_context(span: Open | Span | SpanContext) -> SpanContext:
+    if isinstance(span, Open):
+        return span.context
+    if isinstance(span, SpanContext):
+        return span
+    return span.get_span_context()
 
 
 # Spans ----------------------------------------------------------------------------------------
@@ -190,15 +219,24 @@ def ns(seconds: float) -> int:
 
 @contextmanager
 def span(name: str, parent: Parent = None,
-         attributes: Attributes | None = None) -> Iterator[Span | None]:
-    """A span around the block, the current one inside it; a child of `parent` (a
-    traceparent), else of the current span. Yields None with tracing off."""
-    if not _on:
+         attributes: Attributes | None = None) -> Iterator[Open | None]:
+    """A span around the block, the current one inside it; a child of `parent`, else of the
+    current span, else the root of a new trace. Yields None with tracing off. An exception
+    leaving the block marks it failed."""
+    if _recorder is None:
         yield None
         return
-    with _tracer.start_as_current_span(name, context=context_of(parent),
-                                       attributes=attributes) as s:
+    under = parent_of(parent) if parent is not None else parent_of(trace.get_current_span())
+    s = _recorder.open(name, under, time.time_ns(), attributes)
+    token = attach(trace.set_span_in_context(NonRecordingSpan(s.context)))
+    try:
         yield s
+    except BaseException as exc:
+        s.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        detach(token)
+        _recorder.close(s, time.time_ns())
 
 
 @contextmanager
@@ -219,38 +257,42 @@ def continued(traceparent: str | None) -> Iterator[None]:
 
 
 def start(name: str, parent: Parent, at: float | None = None,
-          attributes: Attributes | None = None) -> Span | None:
-    """A span begun at `at` (epoch seconds; now by default) under `parent` (a span, or a
-    traceparent), ended by the caller; None with tracing off or without a parent (a job stored
-    without tracing)."""
-    if not _on or parent is None or parent == "":
+          attributes: Attributes | None = None) -> Open | None:
+    """A span begun at `at` (epoch seconds; now by default) under `parent`, ended by `end`;
+    None with tracing off or without a parent (a job stored without tracing)."""
+    if _recorder is None:
         return None
-    return _tracer.start_span(name, context=context_of(parent), attributes=attributes,
-                              start_time=ns(at) if at is not None else None)
+    under = parent_of(parent)
+    if under is None:
+        return None
+    return _recorder.open(name, under, time.time_ns() if at is None else ns(at), attributes)
 
 
-def end(s: Span | None, at: float | None = None, attributes: Attributes | None = None) -> None:
-    if s is None:
+def end(s: Open | None, at: float | None = None, attributes: Attributes | None = None) -> None:
+    if s is None or _recorder is None:
         return
     if attributes:
         s.set_attributes(attributes)
-    s.end(end_time=ns(at) if at is not None else None)
+    _recorder.close(s, time.time_ns() if at is None else ns(at))
 
 
 def record(name: str, parent: Parent, start_at: float, end_at: float | None = None,
-           attributes: Attributes | None = None, links: Sequence[Link] = ()) -> Span | None:
+           attributes: Attributes | None = None,
+           links: Sequence[Link] = ()) -> SpanContext | None:
     """A span of what already happened, from `start_at` to `end_at` (epoch seconds; now by
-    default), under `parent`; returned (ended) to parent others."""
-    if not _on or parent is None or parent == "":
+    default), under `parent`; its context is returned to parent others."""
+    if _recorder is None:
         return None
-    s = _tracer.start_span(name, context=context_of(parent), attributes=attributes,
-                           links=links, start_time=ns(start_at))
-    s.end(end_time=ns(end_at if end_at is not None else time.time()))
-    return s
+    under = parent_of(parent)
+    if under is None:
+        return None
+    s = _recorder.open(name, under, ns(start_at), attributes, links)
+    _recorder.close(s, time.time_ns() if end_at is None else ns(end_at))
+    return s.context
 
 
-def link_to(s: Span | None) -> Link | None:
+def link_to(s: Open | SpanContext | None) -> Link | None:
     if s is None:
         return None
-    ctx = s.get_span_context()
-    return Link(ctx) if ctx.is_valid else None
+    ctx = _span_context(s)
+    return Link(ctx) if ctx.is_valid and ctx.trace_flags.sampled else None

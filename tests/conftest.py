@@ -16,6 +16,8 @@ from shared.settings import REPO_ROOT
 
 SHARED_REDIS = "redis://127.0.0.1:6379/15"
 
+pytest_plugins = ["tests.span_capture"]  # `exported`: spans of a test kept in memory
+
 
 class RedisServer:
     """A redis-server started for the tests, which a test may restart."""

@@ -58,11 +58,9 @@ def _logs(loglevel: str | int | None = None, **_) -> None:
 def _load(**_) -> None:
     global _runtime
     settings = get_settings()
-    if tracing.setup("fibermill-worker") and tracing.instrumenting("celery"):
-        # Its task span joins the job's trace from the message's traceparent header.
-        from opentelemetry.instrumentation.celery import CeleryInstrumentor
-
-        CeleryInstrumentor().instrument()
+    # No Celery instrumentation: its task span would cover what the lease span does, and no
+    # publish span exists to join it to (docs/architecture.md, "Tracing").
+    tracing.setup("fibermill-worker")
     try:
         _runtime = WorkerRuntime(settings, load_registry(settings.model_registry), app)
         _runtime.start()

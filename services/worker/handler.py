@@ -16,7 +16,7 @@ from services.worker.engine.stopped import PipelineStopped
 from services.worker.flights import Flights, InFlight
 from services.worker.outputs import OutputWriter
 from services.worker.progress import ProgressPublisher
-from services.worker.spans import SubRequestSpans
+from services.worker.spans import SubRequestSpans, linked
 from shared.errors import BlobStoreUnavailable, InvalidInput, ModelError
 from shared.failures import dead_lettered, time_limit_exceeded
 from shared.inputs import TextOutput
@@ -214,9 +214,9 @@ class Handler:
             if flight.spans is None or not first:
                 return
             peers = []
-            for member in together:
+            for member in linked(flight.sub.member, together):
                 other = self.flights.get(member)
-                if member != flight.sub.member and other is not None and other.spans is not None:
+                if other is not None and other.spans is not None:
                     peers.append(other.spans)
             flight.spans.started_with(peers)
 

@@ -9,7 +9,9 @@ thread or between decode steps:
     fibermill.lease       this worker's hold on it: the lease taken, run, stored (how long,
                           and whether that made its job final), released; attempt, outcome
       fibermill.batch     from its submission to the engine to its result; the batch size, and
-                          links to the lease spans of the sub-requests that started with it
+                          links to the sub-requests that started with it: the first of them
+                          (the batch's leader) links to every other's lease span, the others
+                          to the leader's, so a batch of n costs 2(n-1) links, not n(n-1)
         fibermill.device  its device steps in aggregate: from its batch's start to its result
       fibermill.blob_write  an image's PNG to the blob store
 """
@@ -26,13 +28,22 @@ from shared.messages import Outcome, SubRequest
 _FAILED = {Outcome.FAILED, Outcome.TIME_LIMIT}
 
 
+def linked(member: str, together: list[str]) -> list[str]:
+    """Whom `member`'s batch span links to, of the sub-requests that started together: the
+    first of them (the batch's leader) links to every other, each other to the leader."""
+    if not together:
+        return []
+    leader = together[0]
+    return together[1:] if member == leader else [leader]
+
+
 class SubRequestSpans:
     def __init__(self, sub: SubRequest, worker: str, received: float) -> None:
         # Which sub-request: on the two spans under the job's submit; the others are under
         # the lease span, and say only what is theirs (every attribute costs at each span).
         which: dict[str, AttributeValue] = {"fibermill.job_id": sub.job_id,
                                             "fibermill.index": sub.index}
-        parent = tracing.context_of(sub.traceparent)  # read once, for both
+        parent = tracing.span_context_of(sub.traceparent)  # read once, for both
         if sub.sent_at is not None:
             tracing.record("fibermill.queue", parent, sub.sent_at, received, which)
         self.lease = tracing.start("fibermill.lease", parent, received,
@@ -48,7 +59,8 @@ class SubRequestSpans:
         return cls(sub, worker, time.time())
 
     def started_with(self, peers: list["SubRequestSpans"]) -> None:
-        """The other sub-requests its batch started with, linked from its batch span."""
+        """The sub-requests its batch started with that it links to (`linked`), linked from
+        its batch span."""
         self.links = [link for p in peers if (link := tracing.link_to(p.lease)) is not None]
 
     def ran(self, submitted: float, run_started: float | None, finished: float,

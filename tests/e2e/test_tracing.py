@@ -1,8 +1,8 @@
 """One OpenTelemetry trace per job, across real processes: the API and a CPU worker export to
 a real OTLP/HTTP receiver (tests/e2e/otlp_receiver.py), configured by OTEL_* variables alone.
 A two-prompt job's trace holds the API's spans (the request, the submit, the join, the
-webhook) and the worker's (the Celery task, and per prompt its wait in the queue, its lease,
-batch and device steps), joined into one tree; the job's status, its timeline and its
+webhook) and the worker's (per prompt its wait in the queue, its lease, batch and device
+steps), joined into one tree; the job's status, its timeline and its
 webhook name the trace."""
 
 import time
@@ -12,7 +12,6 @@ import pytest
 import redis
 
 from services.devstack.redis_server import free_port
-from shared.names import RUN_SUBREQUEST_TASK
 from tests.e2e.conftest import launch_stack
 from tests.e2e.otlp_receiver import Receiver, Span
 
@@ -72,7 +71,7 @@ def test_a_two_prompt_job_is_one_trace_across_both_services(traced):
     assert isinstance(trace_id, str) and len(trace_id) == 32 and int(trace_id, 16)
 
     want = {"POST /v1/jobs": 1, "fibermill.submit": 1, "fibermill.join": 1,
-            "fibermill.webhook": 1, f"run/{RUN_SUBREQUEST_TASK}": 2,
+            "fibermill.webhook": 1,
             **{name: 2 for name in PER_PROMPT}}
     spans = _spans(receiver, trace_id, want)
     names = [s.name for s in spans]
@@ -81,7 +80,7 @@ def test_a_two_prompt_job_is_one_trace_across_both_services(traced):
     by_id = {s.span_id: s for s in spans}
     assert {s.service for s in spans} == {API, WORKER}
     for s in spans:
-        side = WORKER if s.name in PER_PROMPT or s.name.startswith("run/") else API
+        side = WORKER if s.name in PER_PROMPT else API
         assert s.service == side, s
 
     # One tree: a single root (the POST's server span), every other span's parent in it.
@@ -91,10 +90,9 @@ def test_a_two_prompt_job_is_one_trace_across_both_services(traced):
     (submit,) = [s for s in spans if s.name == "fibermill.submit"]
     assert by_id[submit.parent_id] is roots[0]
     assert submit.attributes["fibermill.job_id"] == job["id"]
-    # The Celery task's span found its parent in the message's headers, the worker's own
-    # spans in the sub-request's traceparent: both under the submit span.
+    # The worker's spans found their parent in the sub-request's traceparent: the submit span.
     for s in spans:
-        if s.name.startswith("run/") or s.name in ("fibermill.queue", "fibermill.lease"):
+        if s.name in ("fibermill.queue", "fibermill.lease"):
             assert s.parent_id == submit.span_id, s
 
     def children(parent: Span, name: str) -> list[Span]:

@@ -1,0 +1,30 @@
+"""A span of Fibermill's own, begun and not yet ended (shared/span_recorder.py makes and ends
+them). Of the OpenTelemetry API alone: a process without tracing imports no SDK."""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry.trace import Link, SpanContext, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+_UNSET = Status(StatusCode.UNSET)
+
+
+@dataclass(slots=True)
+class Open:
+    """A span begun and not yet ended: its context is known from the start, so its children,
+    and the messages that carry its traceparent, can name it."""
+
+    name: str
+    context: SpanContext
+    parent: SpanContext | None
+    start_ns: int
+    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+    links: Sequence[Link] = ()
+    status: Status = _UNSET
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        self.attributes.update(attributes)
+
+    def set_status(self, code: StatusCode, description: str | None = None) -> None:
+        self.status = Status(code, description)
