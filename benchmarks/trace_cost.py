@@ -1,6 +1,6 @@
 """What tracing costs, for `make bench`.
 
-    python -m benchmarks.trace_cost [--jobs 400] [--rounds 3] [--out FILE]
+    python -m benchmarks.trace_cost [--jobs 600] [--rounds 20] [--out FILE]
 
 Three stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
 variables: one traces every job as deployed (OTLP over HTTP to a receiver in this process,
@@ -9,9 +9,11 @@ instead), one the same without FastAPI's instrumentation
 (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS: Fibermill's own spans only), and one has no exporter
 (the no-op tracer: shared/tracing.py). Measured in turns, the others frozen
 (processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
-benchmarks/replication_cost.py does. Reported: jobs/s and p50 latency of each, each traced
-stack's ratio to the untraced one (the median of the rounds' ratios: the machine's speed
-drifts between rounds) and the spans exported per job.
+benchmarks/replication_cost.py does. Reported: jobs/s, p50 latency and the CPU a job took of
+the stack's processes (the API, the worker, Redis) on each, each traced stack's ratio to the
+untraced one round by round (the median and the quartiles: a stack's jobs/s moves by a fifth
+from one burst to the next as its batches form, so a cost of a few percent needs many rounds
+to tell) and the spans exported per job.
 """
 
 import argparse
@@ -32,6 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from benchmarks.one_prompt_bursts import CLIENTS, MODEL, NEW_TOKENS, Side, burst
+from benchmarks.procstat import children, cpu_seconds
 from benchmarks.stack import BenchStack, bench_stack
 from services.devstack.processes import frozen
 
@@ -43,6 +46,13 @@ SCHEDULE_DELAY_MS = 500
 @dataclass
 class TracedSide(Side):
     spans_per_job: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)  # of the stack's processes, a job
+
+
+def _stack_cpu(stack: BenchStack) -> float:
+    """CPU seconds of the stack's API, worker (the launcher's children) and Redis so far."""
+    pids = [stack.api.pid, stack.workers.pid, *children(stack.workers.pid), stack.redis.pid]
+    return sum(cpu_seconds(pid) for pid in pids)
 
 
 class SpanSink:
@@ -92,7 +102,7 @@ class SpanSink:
         self.server.server_close()
 
 
-def run(jobs: int = 400, rounds: int = 3) -> dict:
+def run(jobs: int = 600, rounds: int = 20) -> dict:
     sink = SpanSink()
     try:
         with tempfile.TemporaryDirectory(prefix="fibermill-trace-cost-") as tmp:
@@ -133,12 +143,15 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
             for k in order[r % 3:] + order[:r % 3]:
                 before = sink.spans
                 with frozen(others(k)):
+                    cpu = _stack_cpu(stacks[k])
                     rps, p50 = asyncio.run(burst(stacks[k].url, jobs))
+                    cpu = _stack_cpu(stacks[k]) - cpu
                     if k != PLAIN:  # the burst's last spans, exported before it is frozen
                         time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
                 side = sides[k]
                 side.rps.append(rps)
                 side.p50.append(p50)
+                side.cpu_ms.append(cpu / jobs * 1000)
                 side.spans_per_job.append((sink.spans - before) / jobs)
                 print(f"[trace-cost {time.strftime('%H:%M:%S')}] {side.name}: {rps:.1f} jobs/s",
                       file=sys.stderr, flush=True)
@@ -156,25 +169,36 @@ def report(r: dict) -> list[str]:
         f"without FastAPI's instrumentation; the third has no exporter), "
         f"measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients.", "",
-        "| stack | jobs/s (median) | rounds | p50 latency (ms) | spans per job |",
-        "|---|---|---|---|---|",
+        "| stack | jobs/s (median) | jobs/s (quartiles) | p50 latency (ms) | "
+        "CPU a job (ms, median) | spans per job |",
+        "|---|---|---|---|---|---|",
     ]
     for side in r["sides"].values():
         lines.append(f"| {side.name} | {statistics.median(side.rps):.1f} | "
-                     f"{', '.join(f'{x:.1f}' for x in side.rps)} | "
+                     f"{_quartiles(side.rps, '.1f')} | "
                      f"{statistics.median(side.p50) * 1000:.0f} | "
+                     f"{statistics.median(side.cpu_ms):.2f} | "
                      f"{statistics.median(side.spans_per_job):.1f} |")
     lines.append("")
     for k, what in ((TRACED, "traced"), (OWN, "Fibermill's spans only")):
-        lines.append(f"Jobs/s {what} / not traced: **{r['ratio'][k]:.2f}x** (the median of "
-                     f"the rounds' ratios: {', '.join(f'{x:.2f}' for x in r['ratios'][k])}).")
+        lines.append(f"Jobs/s {what} / not traced: **{r['ratio'][k]:.2f}x**, the median of "
+                     f"the {len(r['ratios'][k])} rounds' ratios (quartiles "
+                     f"{_quartiles(r['ratios'][k], '.2f')}; rounds: "
+                     f"{', '.join(f'{x:.2f}' for x in r['ratios'][k])}).")
     return lines
+
+
+def _quartiles(xs: list[float], fmt: str) -> str:
+    if len(xs) < 2:
+        return format(xs[0], fmt) if xs else "-"
+    q1, _, q3 = statistics.quantiles(xs, n=4)
+    return f"{q1:{fmt}}-{q3:{fmt}}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.trace_cost", description=__doc__)
-    ap.add_argument("--jobs", type=int, default=400)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=600)
+    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--out", type=Path, help="write the report here too")
     args = ap.parse_args()
     lines = report(run(args.jobs, args.rounds))

@@ -8,12 +8,17 @@ thread or between decode steps:
     fibermill.queue       its wait in the queue: sent (the message's `sent_at`) to taken
     fibermill.lease       this worker's hold on it: the lease taken, run, stored (how long,
                           and whether that made its job final), released; attempt, outcome
-      fibermill.batch     from its submission to the engine to its result; the batch size, and
-                          links to the sub-requests that started with it: the first of them
-                          (the batch's leader) links to every other's lease span, the others
-                          to the leader's, so a batch of n costs 2(n-1) links, not n(n-1)
-        fibermill.device  its device steps in aggregate: from its batch's start to its result
+      fibermill.batch     its device steps in aggregate, in the batch it started in: from that
+                          batch's start on the device to its result (the gap before it, from
+                          the lease's start, is its wait for room in the engine); the batch
+                          size, the steps, and links to the sub-requests that started with it:
+                          the first of them (the batch's leader) links to every other's lease
+                          span, the others to the leader's, so a batch of n costs 2(n-1)
+                          links, not n(n-1)
       fibermill.blob_write  an image's PNG to the blob store
+
+Three spans a sub-request, their attributes few: encoding a span for export costs the worker
+more than making it (docs/architecture.md, "Tracing").
 """
 
 import time
@@ -39,16 +44,14 @@ def linked(member: str, together: list[str]) -> list[str]:
 
 class SubRequestSpans:
     def __init__(self, sub: SubRequest, worker: str, received: float) -> None:
-        # Which sub-request: on the two spans under the job's submit; the others are under
-        # the lease span, and say only what is theirs (every attribute costs at each span).
-        which: dict[str, AttributeValue] = {"fibermill.job_id": sub.job_id,
-                                            "fibermill.index": sub.index}
         parent = tracing.span_context_of(sub.traceparent)  # read once, for both
         if sub.sent_at is not None:
-            tracing.record("fibermill.queue", parent, sub.sent_at, received, which)
+            tracing.record("fibermill.queue", parent, sub.sent_at, received,
+                           {"fibermill.index": sub.index})
+        # The job's id and model are its submit span's, the parent of both.
         self.lease = tracing.start("fibermill.lease", parent, received,
-                                   {**which, "fibermill.model": sub.model,
-                                    "fibermill.worker": worker})
+                                   {"fibermill.job_id": sub.job_id,
+                                    "fibermill.index": sub.index, "fibermill.worker": worker})
         self.links: list[Link] = []
         self.ending: dict[str, AttributeValue] = {}
 
@@ -65,11 +68,10 @@ class SubRequestSpans:
 
     def ran(self, submitted: float, run_started: float | None, finished: float,
             batch_size: int, steps: int) -> None:
-        batch = tracing.record("fibermill.batch", self.lease, submitted, finished,
-                               {"fibermill.batch.size": batch_size}, self.links)
-        if run_started is not None:
-            tracing.record("fibermill.device", batch, run_started, finished,
-                           {"fibermill.steps": steps})
+        tracing.record("fibermill.batch", self.lease,
+                       submitted if run_started is None else run_started, finished,
+                       {"fibermill.batch.size": batch_size, "fibermill.steps": steps},
+                       self.links)
 
     def blob_written(self, start: float, end: float) -> None:
         tracing.record("fibermill.blob_write", self.lease, start, end)

@@ -26,14 +26,17 @@ def test_the_sink_counts_the_spans_an_exporter_sends():
 
 
 def test_the_report_states_each_side_and_the_ratios():
-    sides = {TRACED: TracedSide("traced", [96.0, 98.0], [0.30, 0.31], [12.0, 12.0]),
-             OWN: TracedSide("own", [99.0, 99.0], [0.29, 0.30], [6.0, 6.0]),
-             PLAIN: TracedSide("not traced", [100.0, 100.0], [0.29, 0.30], [0.0, 0.0])}
+    sides = {TRACED: TracedSide("traced", [96.0, 98.0], [0.30, 0.31], [12.0, 12.0],
+                                [4.5, 4.7]),
+             OWN: TracedSide("own", [99.0, 99.0], [0.29, 0.30], [6.0, 6.0], [4.3, 4.3]),
+             PLAIN: TracedSide("not traced", [100.0, 100.0], [0.29, 0.30], [0.0, 0.0],
+                               [4.2, 4.2])}
     text = "\n".join(report({"jobs": 40, "rounds": 2, "sides": sides,
                              "ratio": {TRACED: 0.97, OWN: 0.99},
                              "ratios": {TRACED: [0.96, 0.98], OWN: [0.99, 0.99]}}))
-    assert "| traced | 97.0 | 96.0, 98.0 | 305 | 12.0 |" in text
-    assert "traced / not traced: **0.97x**" in text and "0.96, 0.98" in text
+    assert "| traced | 97.0 | 95.5-98.5 | 305 | 4.60 | 12.0 |" in text
+    assert "traced / not traced: **0.97x**, the median of the 2 rounds' ratios" in text
+    assert "(quartiles 0.9" in text and "rounds: 0.96, 0.98" in text
     assert "spans only / not traced: **0.99x**" in text
 
 

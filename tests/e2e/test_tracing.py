@@ -1,8 +1,8 @@
 """One OpenTelemetry trace per job, across real processes: the API and a CPU worker export to
 a real OTLP/HTTP receiver (tests/e2e/otlp_receiver.py), configured by OTEL_* variables alone.
 A two-prompt job's trace holds the API's spans (the request, the submit, the join, the
-webhook) and the worker's (per prompt its wait in the queue, its lease, batch and device
-steps), joined into one tree; the job's status, its timeline and its
+webhook) and the worker's (per prompt its wait in the queue, its lease, and its batch: its
+device steps), joined into one tree; the job's status, its timeline and its
 webhook name the trace."""
 
 import time
@@ -18,7 +18,7 @@ from tests.e2e.otlp_receiver import Receiver, Span
 pytestmark = pytest.mark.e2e
 
 API, WORKER = "fibermill-api", "fibermill-worker"
-PER_PROMPT = ["fibermill.queue", "fibermill.lease", "fibermill.batch", "fibermill.device"]
+PER_PROMPT = ["fibermill.queue", "fibermill.lease", "fibermill.batch"]
 
 
 @pytest.fixture(scope="module")
@@ -104,18 +104,18 @@ def test_a_two_prompt_job_is_one_trace_across_both_services(traced):
         assert set(mine) == {"fibermill.queue", "fibermill.lease"}, (index, sorted(mine))
         queue, lease = mine["fibermill.queue"], mine["fibermill.lease"]
         (batch,) = children(lease, "fibermill.batch")
-        (device,) = children(batch, "fibermill.device")
         assert lease.attributes["fibermill.outcome"] == "succeeded"
         assert lease.attributes["fibermill.attempt"] == 1
         assert lease.attributes["fibermill.job_final"] is False  # the join makes it final
+        assert lease.attributes["fibermill.job_id"] == job["id"]
         assert batch.attributes["fibermill.batch.size"] >= 1
-        assert device.attributes["fibermill.steps"] >= 1
-        # The other sub-requests its batch started with are links to their lease spans.
+        assert batch.attributes["fibermill.steps"] >= 1
+        # The sub-requests its batch started with: the leader links to the others' lease
+        # spans, the others to the leader's.
         for linked_trace, linked_span in batch.links:
             assert by_id[linked_span].name == "fibermill.lease" and linked_trace == trace_id
         assert queue.start_ns >= submit.start_ns and queue.end_ns <= lease.start_ns + 10**6
-        assert lease.start_ns <= batch.start_ns <= device.start_ns <= device.end_ns
-        assert device.end_ns <= lease.end_ns
+        assert lease.start_ns <= batch.start_ns <= batch.end_ns <= lease.end_ns
 
     (hook,) = [s for s in spans if s.name == "fibermill.webhook"]
     assert hook.attributes["fibermill.webhook.verdict"] == "delivered"

@@ -21,7 +21,7 @@ def test_the_leader_links_to_every_other_and_each_other_to_the_leader():
     assert linked("c:0", together) == ["a:0"] and linked("a:0", []) == []
 
 
-def test_a_batch_of_n_makes_four_spans_each_and_two_n_minus_one_links(exported):
+def test_a_batch_of_n_makes_three_spans_each_and_two_n_minus_one_links(exported):
     exporter, _ = exported
     subs = [_sub(n) for n in range(1, 6)]
     spans = {s.member: SubRequestSpans.open(s, "worker-1") for s in subs}
@@ -36,13 +36,15 @@ def test_a_batch_of_n_makes_four_spans_each_and_two_n_minus_one_links(exported):
         sp.close(Outcome.SUCCEEDED, 1)
     done = exporter.get_finished_spans()
     names = [s.name for s in done]
-    for name in ("fibermill.queue", "fibermill.lease", "fibermill.batch", "fibermill.device"):
+    for name in ("fibermill.queue", "fibermill.lease", "fibermill.batch"):
         assert names.count(name) == len(subs), name
     leases = {s.context.span_id: s for s in done if s.name == "fibermill.lease"}
     batches = [s for s in done if s.name == "fibermill.batch"]
+    assert len(done) == 3 * len(subs)
     assert sum(len(b.links) for b in batches) == 2 * (len(subs) - 1)
     for b in batches:
         assert b.parent.span_id in leases and b.attributes["fibermill.batch.size"] == 5
+        assert b.attributes["fibermill.steps"] == 4
         assert all(link.context.span_id in leases for link in b.links)
     for lease in leases.values():  # each under its own job's submit span
         assert f"{lease.parent.span_id:016x}" == f"{lease.context.trace_id:016x}"
