@@ -20,6 +20,7 @@ from benchmarks import (
     queue_cost,
     real_model,
     replication_cost,
+    span_work,
     structured_output,
     trace_cost,
 )
@@ -88,6 +89,7 @@ def main() -> None:
     structured_figures = structured_output.run()
     replication_figures = replication_cost.run()
     trace_figures = trace_cost.run()
+    span_figures = span_work.run()
     real_figures = None if args.no_real_model else real_model.run()
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -122,7 +124,7 @@ def main() -> None:
     lines += ["", *prefix_cache.report(prefix_figures)]
     lines += ["", *structured_output.report(structured_figures)]
     lines += ["", *replication_cost.report(replication_figures)]
-    lines += ["", *trace_cost.report(trace_figures)]
+    lines += ["", *trace_cost.report(trace_figures), "", *span_work.report(span_figures)]
     if real_figures is not None:
         lines += ["", *real_model.report(real_figures)]
     args.out.write_text("\n".join(lines) + "\n")
