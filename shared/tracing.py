@@ -9,8 +9,10 @@ A job's trace context is a W3C `traceparent` carried in the typed messages (the 
 meta, each `SubRequest`), not in Celery's headers alone: the API pushes a new job's messages
 itself (create_job.lua) rather than publishing them through Celery, the janitor and a draining
 worker send them again hours later, and each side's spans must find the job's trace from what
-it holds. Its Celery message carries the same `traceparent` header, so the worker's Celery
-instrumentation puts its task span in the job's trace too.
+it holds. Its Celery message carries the same `traceparent` header, for Celery-aware tools.
+
+Fibermill's own spans are made by shared/span_recorder.py rather than the SDK's tracer, which
+costs several times as much a span; FastAPI's instrumentation makes the HTTP server spans.
 """
 
 import logging
