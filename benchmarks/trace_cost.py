@@ -2,11 +2,12 @@
 
     python -m benchmarks.trace_cost [--jobs 600] [--rounds 20] [--out FILE]
 
-Three stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
+Four stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
 variables: one traces every job as deployed (OTLP over HTTP to a receiver in this process,
 which decodes and counts what it is sent: an export that nobody takes would cost retries
 instead), one the same without FastAPI's instrumentation
-(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS: Fibermill's own spans only), and one has no exporter
+(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS: Fibermill's own spans only), one as deployed with one
+job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and one has no exporter
 (the no-op tracer: shared/tracing.py). Measured in turns, the others frozen
 (processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
 benchmarks/replication_cost.py does. Reported: jobs/s, p50 latency and the CPU a job took of
@@ -111,7 +112,9 @@ def run(jobs: int = 600, rounds: int = 20) -> dict:
         sink.close()
 
 
-TRACED, OWN, PLAIN = "traced", "own", "plain"
+TRACED, OWN, SAMPLED, PLAIN = "traced", "own", "sampled", "plain"
+# Head sampling as docs/operations.md suggests for a fleet of small models: one job in ten.
+SAMPLE_RATIO = 0.1
 
 
 def _envs(sink: SpanSink) -> dict[str, dict[str, str]]:
@@ -120,12 +123,16 @@ def _envs(sink: SpanSink) -> dict[str, dict[str, str]]:
               "OTEL_BSP_SCHEDULE_DELAY": str(SCHEDULE_DELAY_MS)}
     return {TRACED: traced,
             OWN: {**traced, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi"},
+            SAMPLED: {**traced, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                      "OTEL_TRACES_SAMPLER_ARG": str(SAMPLE_RATIO)},
             PLAIN: {"OTEL_TRACES_EXPORTER": "none"}}
 
 
 def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
     sides = {TRACED: TracedSide("traced (OTLP/HTTP)"),
              OWN: TracedSide("traced, Fibermill's spans only (no FastAPI instrumentation)"),
+             SAMPLED: TracedSide(f"traced as deployed, {SAMPLE_RATIO:.0%} of jobs sampled "
+                                 "(parentbased_traceidratio)"),
              PLAIN: TracedSide("not traced (no exporter)")}
     with ExitStack() as running:
         stacks: dict[str, BenchStack] = {
@@ -140,7 +147,8 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
                 asyncio.run(burst(stacks[k].url, jobs // 4))
         order = list(stacks)
         for r in range(rounds):
-            for k in order[r % 3:] + order[:r % 3]:
+            turn = r % len(order)
+            for k in order[turn:] + order[:turn]:
                 before = sink.spans
                 with frozen(others(k)):
                     cpu = _stack_cpu(stacks[k])
@@ -156,7 +164,7 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
                 print(f"[trace-cost {time.strftime('%H:%M:%S')}] {side.name}: {rps:.1f} jobs/s",
                       file=sys.stderr, flush=True)
     ratios = {k: [t / p for t, p in zip(sides[k].rps, sides[PLAIN].rps, strict=True)]
-              for k in (TRACED, OWN)}
+              for k in (TRACED, OWN, SAMPLED)}
     return {"jobs": jobs, "rounds": rounds, "sides": sides, "ratios": ratios,
             "ratio": {k: statistics.median(v) for k, v in ratios.items()}}
 
@@ -164,9 +172,10 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
 def report(r: dict) -> list[str]:
     lines = [
         "## Tracing: what a trace per job costs", "",
-        f"From benchmarks/trace_cost.py: three stacks alike but for the OTEL_* variables (two "
+        f"From benchmarks/trace_cost.py: four stacks alike but for the OTEL_* variables (two "
         f"export every job's spans over OTLP/HTTP to a receiver on this machine, one of them "
-        f"without FastAPI's instrumentation; the third has no exporter), "
+        f"without FastAPI's instrumentation; the third samples {SAMPLE_RATIO:.0%} of jobs; "
+        f"the fourth has no exporter), "
         f"measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients.", "",
         "| stack | jobs/s (median) | jobs/s (quartiles) | p50 latency (ms) | "
@@ -180,7 +189,8 @@ def report(r: dict) -> list[str]:
                      f"{statistics.median(side.cpu_ms):.2f} | "
                      f"{statistics.median(side.spans_per_job):.1f} |")
     lines.append("")
-    for k, what in ((TRACED, "traced"), (OWN, "Fibermill's spans only")):
+    for k, what in ((TRACED, "traced"), (OWN, "Fibermill's spans only"),
+                    (SAMPLED, f"traced, {SAMPLE_RATIO:.0%} sampled")):
         lines.append(f"Jobs/s {what} / not traced: **{r['ratio'][k]:.2f}x**, the median of "
                      f"the {len(r['ratios'][k])} rounds' ratios (quartiles "
                      f"{_quartiles(r['ratios'][k], '.2f')}; rounds: "

@@ -5,7 +5,16 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from benchmarks.trace_cost import OWN, PLAIN, TRACED, SpanSink, TracedSide, _envs, report
+from benchmarks.trace_cost import (
+    OWN,
+    PLAIN,
+    SAMPLED,
+    TRACED,
+    SpanSink,
+    TracedSide,
+    _envs,
+    report,
+)
 
 
 def test_the_sink_counts_the_spans_an_exporter_sends():
@@ -29,22 +38,29 @@ def test_the_report_states_each_side_and_the_ratios():
     sides = {TRACED: TracedSide("traced", [96.0, 98.0], [0.30, 0.31], [12.0, 12.0],
                                 [4.5, 4.7]),
              OWN: TracedSide("own", [99.0, 99.0], [0.29, 0.30], [6.0, 6.0], [4.3, 4.3]),
+             SAMPLED: TracedSide("sampled", [100.0, 98.0], [0.29, 0.30], [1.0, 1.5],
+                                 [4.2, 4.3]),
              PLAIN: TracedSide("not traced", [100.0, 100.0], [0.29, 0.30], [0.0, 0.0],
                                [4.2, 4.2])}
     text = "\n".join(report({"jobs": 40, "rounds": 2, "sides": sides,
-                             "ratio": {TRACED: 0.97, OWN: 0.99},
-                             "ratios": {TRACED: [0.96, 0.98], OWN: [0.99, 0.99]}}))
+                             "ratio": {TRACED: 0.97, OWN: 0.99, SAMPLED: 0.99},
+                             "ratios": {TRACED: [0.96, 0.98], OWN: [0.99, 0.99],
+                                        SAMPLED: [1.0, 0.98]}}))
     assert "| traced | 97.0 | 95.5-98.5 | 305 | 4.60 | 12.0 |" in text
     assert "traced / not traced: **0.97x**, the median of the 2 rounds' ratios" in text
     assert "(quartiles 0.9" in text and "rounds: 0.96, 0.98" in text
     assert "spans only / not traced: **0.99x**" in text
+    assert "traced, 10% sampled / not traced: **0.99x**" in text
 
 
-def test_the_traced_sides_differ_only_in_the_instrumentations():
+def test_the_traced_sides_differ_only_in_the_instrumentations_and_the_sampler():
     sink = SpanSink()
     try:
         envs = _envs(sink)
     finally:
         sink.close()
     assert envs[OWN].pop("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS") == "fastapi"
-    assert envs[OWN] == envs[TRACED] and envs[PLAIN] == {"OTEL_TRACES_EXPORTER": "none"}
+    assert envs[SAMPLED].pop("OTEL_TRACES_SAMPLER") == "parentbased_traceidratio"
+    assert envs[SAMPLED].pop("OTEL_TRACES_SAMPLER_ARG") == "0.1"
+    assert envs[OWN] == envs[TRACED] == envs[SAMPLED]
+    assert envs[PLAIN] == {"OTEL_TRACES_EXPORTER": "none"}
