@@ -9,8 +9,9 @@ by a fifth from one burst to the next as batches form; this measures the work it
   (services/worker/spans.py: queue, lease, batch with its links), then encoded by the OTLP
   exporter's own encoder as its batch processor would; in us per sub-request;
 - the API: the submit span (shared/tracing.py) made and encoded; in us per job;
-- FastAPI's instrumentation: a `POST` through an app of one route, with and without it (its
-  server span exported through the same encoder); the CPU of a request, in us.
+- the HTTP server span: a `POST` through an app of one route with none, with Fibermill's
+  (services/api/server_spans.py) and with FastAPI's OpenTelemetry instrumentation in its place
+  (each span exported through the same encoder); the CPU of a request, in us.
 
 Each is the median of 5 runs of a few thousand.
 """
@@ -27,6 +28,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
+from services.api.server_spans import ServerSpans
 from services.worker.spans import SubRequestSpans, linked
 from shared import tracing
 from shared.messages import Outcome, SubRequest, TextItem
@@ -117,9 +119,9 @@ def submit_us(jobs: int = 2000) -> float:
     return _median_us(run)
 
 
-def fastapi_us(traced: bool, requests: int = 3000) -> float:
-    """The CPU of a `POST` through an app of one route, FastAPI's instrumentation on or off
-    (its server span encoded as exported); us per request."""
+def server_us(spans: str, requests: int = 3000) -> float:
+    """The CPU of a `POST` through an app of one route, its server spans made by `spans`
+    (none, fibermill, instrumentation) and encoded as exported; us per request."""
     app = FastAPI()
 
     @app.post("/v1/jobs")
@@ -127,10 +129,13 @@ def fastapi_us(traced: bool, requests: int = 3000) -> float:
         return {"id": "job"}
 
     exporter = None
-    if traced:
+    if spans != "none":
+        provider, exporter = _provider("fibermill-api")
+    if spans == "fibermill":
+        app.add_middleware(ServerSpans)
+    elif spans == "instrumentation":
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-        provider, exporter = _provider("fibermill-api")
         FastAPIInstrumentor.instrument_app(app, tracer_provider=provider,
                                            exclude_spans=["receive", "send"])
     body = b'{"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": ["A"]}}'
@@ -169,8 +174,8 @@ def run(batches: int = 60, jobs: int = 2000, requests: int = 3000) -> dict[str, 
     """Each figure; tracing is off again in this process afterwards."""
     try:
         return {"worker": worker_us(batches), "submit": submit_us(jobs),
-                "fastapi_off": fastapi_us(False, requests),
-                "fastapi_on": fastapi_us(True, requests)}
+                **{f"server_{spans}": server_us(spans, requests)
+                   for spans in ("none", "fibermill", "instrumentation")}}
     finally:
         tracing._recorder = None
         tracing._on = False
@@ -180,10 +185,11 @@ def report(r: dict[str, float]) -> list[str]:
     return [
         "The work itself (benchmarks/span_work.py, one process, the median of 5 runs): a "
         f"sub-request's worker spans made and encoded for export **{r['worker']:.0f} us** "
-        f"(batches of {BATCH}); a job's submit span **{r['submit']:.0f} us**; FastAPI's "
-        f"instrumentation **{r['fastapi_on'] - r['fastapi_off']:.0f} us** a request "
-        f"({r['fastapi_off']:.0f} us a `POST` through an app of one route without it, "
-        f"{r['fastapi_on']:.0f} us with it).",
+        f"(batches of {BATCH}); a job's submit span **{r['submit']:.0f} us**; a request's "
+        f"server span **{r['server_fibermill'] - r['server_none']:.0f} us** "
+        f"(services/api/server_spans.py), where FastAPI's OpenTelemetry instrumentation took "
+        f"**{r['server_instrumentation'] - r['server_none']:.0f} us** "
+        f"({r['server_none']:.0f} us a `POST` through an app of one route without either).",
     ]
 
 

@@ -5,8 +5,8 @@
 Four stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
 variables: one traces every job as deployed (OTLP over HTTP to a receiver in this process,
 which decodes and counts what it is sent: an export that nobody takes would cost retries
-instead), one the same without FastAPI's instrumentation
-(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS: Fibermill's own spans only), one as deployed with one
+instead), one the same without the HTTP server spans (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=
+fastapi: the job's own spans only), one as deployed with one
 job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and one has no exporter
 (the no-op tracer: shared/tracing.py). Measured in turns, the others frozen
 (processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
@@ -130,7 +130,7 @@ def _envs(sink: SpanSink) -> dict[str, dict[str, str]]:
 
 def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
     sides = {TRACED: TracedSide("traced (OTLP/HTTP)"),
-             OWN: TracedSide("traced, Fibermill's spans only (no FastAPI instrumentation)"),
+             OWN: TracedSide("traced, the job's spans only (no HTTP server spans)"),
              SAMPLED: TracedSide(f"traced as deployed, {SAMPLE_RATIO:.0%} of jobs sampled "
                                  "(parentbased_traceidratio)"),
              PLAIN: TracedSide("not traced (no exporter)")}
@@ -174,7 +174,7 @@ def report(r: dict) -> list[str]:
         "## Tracing: what a trace per job costs", "",
         f"From benchmarks/trace_cost.py: four stacks alike but for the OTEL_* variables (two "
         f"export every job's spans over OTLP/HTTP to a receiver on this machine, one of them "
-        f"without FastAPI's instrumentation; the third samples {SAMPLE_RATIO:.0%} of jobs; "
+        f"without the HTTP server spans; the third samples {SAMPLE_RATIO:.0%} of jobs; "
         f"the fourth has no exporter), "
         f"measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients.", "",
@@ -189,7 +189,7 @@ def report(r: dict) -> list[str]:
                      f"{statistics.median(side.cpu_ms):.2f} | "
                      f"{statistics.median(side.spans_per_job):.1f} |")
     lines.append("")
-    for k, what in ((TRACED, "traced"), (OWN, "Fibermill's spans only"),
+    for k, what in ((TRACED, "traced"), (OWN, "the job's spans only"),
                     (SAMPLED, f"traced, {SAMPLE_RATIO:.0%} sampled")):
         lines.append(f"Jobs/s {what} / not traced: **{r['ratio'][k]:.2f}x**, the median of "
                      f"the {len(r['ratios'][k])} rounds' ratios (quartiles "

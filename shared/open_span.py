@@ -4,7 +4,7 @@ them). Of the OpenTelemetry API alone: a process without tracing imports no SDK.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from opentelemetry.trace import Link, SpanContext, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 _UNSET = Status(StatusCode.UNSET)
@@ -22,6 +22,7 @@ class Open:
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     links: Sequence[Link] = ()
     status: Status = _UNSET
+    kind: SpanKind = SpanKind.INTERNAL
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         self.attributes.update(attributes)

@@ -58,7 +58,7 @@ class Recorder:
 
     def open(self, name: str, parent: SpanContext | None, start_ns: int,
              attributes: Mapping[str, AttributeValue] | None = None,
-             links: Sequence[Link] = ()) -> Open:
+             links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL) -> Open:
         attrs = dict(attributes) if attributes else {}
         if self._max_links is not None and len(links) > self._max_links:
             links = links[:self._max_links]
@@ -70,20 +70,20 @@ class Recorder:
             sampled = parent.trace_flags.sampled
         else:
             ctx = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
-            verdict = self._sampler.should_sample(ctx, trace_id, name, SpanKind.INTERNAL,
-                                                  attrs, links)
+            verdict = self._sampler.should_sample(ctx, trace_id, name, kind, attrs, links)
             sampled, state = verdict.decision.is_sampled(), verdict.trace_state
         context = SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False,
                               trace_flags=_SAMPLED if sampled else _NOT_SAMPLED,
                               trace_state=state)
-        return Open(name, context, parent, start_ns, attrs, links)
+        return Open(name, context, parent, start_ns, attrs, links, kind=kind)
 
     def close(self, span: Open, end_ns: int) -> None:
         if not span.context.trace_flags.sampled:
             return
         done = ReadableSpan(name=span.name, context=span.context, parent=span.parent,
                             resource=self._resource, attributes=span.attributes,
-                            links=span.links, status=span.status, start_time=span.start_ns,
+                            links=span.links, kind=span.kind, status=span.status,
+                            start_time=span.start_ns,
                             end_time=end_ns, instrumentation_scope=self._scope)
         for processor in self._processors:
             processor.on_end(done)

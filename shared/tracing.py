@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.context import Context, attach, detach
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
@@ -220,8 +228,8 @@ def ns(seconds: float) -> int:
 
 
 @contextmanager
-def span(name: str, parent: Parent = None,
-         attributes: Attributes | None = None) -> Iterator[Open | None]:
+def span(name: str, parent: Parent = None, attributes: Attributes | None = None,
+         kind: SpanKind = SpanKind.INTERNAL) -> Iterator[Open | None]:
     """A span around the block, the current one inside it; a child of `parent`, else of the
     current span, else the root of a new trace. Yields None with tracing off. An exception
     leaving the block marks it failed."""
@@ -229,7 +237,7 @@ def span(name: str, parent: Parent = None,
         yield None
         return
     under = parent_of(parent) if parent is not None else parent_of(trace.get_current_span())
-    s = _recorder.open(name, under, time.time_ns(), attributes)
+    s = _recorder.open(name, under, time.time_ns(), attributes, kind=kind)
     token = attach(trace.set_span_in_context(NonRecordingSpan(s.context)))
     try:
         yield s

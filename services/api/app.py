@@ -28,6 +28,7 @@ from services.api.routes import metrics as metrics_route
 from services.api.routes.batches import router as batches_router
 from services.api.routes.files import router as files_router
 from services.api.routes.webhook_secrets import router as webhook_secrets_router
+from services.api.server_spans import ServerSpans, excluded_paths
 from services.api.submission import Submissions
 from services.api.supervisor import Supervised
 from services.api.sweeper import Sweeper
@@ -90,23 +91,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await shutdown.bounded("closing Celery", asyncio.to_thread(celery.close))
 
 
-def instrument(app: FastAPI) -> None:
-    """A server span for each request, the parent of what it does (a job's submit span). Not
-    for the probes and scrapes, which would each make a trace of their own every few seconds,
-    nor a span per ASGI message of a long response (an event stream sends one a token)."""
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-
-    excluded = (None if os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS")
-                else "/healthz$,/readyz$,/metrics$")
-    FastAPIInstrumentor.instrument_app(app, excluded_urls=excluded,
-                                       exclude_spans=["receive", "send"])
-
-
 def _no_native_telemetry() -> dict[str, Any]:
     """FastAPI's own telemetry off, where this FastAPI has it (`FastAPI(telemetry=...)`): it
     starts as soon as an SDK is installed, and besides a second server span it makes one for
     each dependency resolved, the endpoint and the serialization, which made a traced job's
-    POST cost twice the CPU. The server span comes from `instrument`, once."""
+    POST cost twice the CPU. The server span comes from `ServerSpans`, once."""
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False,
@@ -121,7 +110,7 @@ def create_app() -> FastAPI:
     app.add_middleware(HttpMetricsMiddleware)  # outermost: counts 413s and 500s too
     errors.install(app)
     if tracing.setup("fibermill-api") and tracing.instrumenting("fastapi"):
-        instrument(app)
+        app.add_middleware(ServerSpans, excluded=excluded_paths())  # outermost
     app.include_router(jobs.router)
     app.include_router(models.router)
     app.include_router(usage.router)

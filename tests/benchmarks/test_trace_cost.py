@@ -49,7 +49,7 @@ def test_the_report_states_each_side_and_the_ratios():
     assert "| traced | 97.0 | 95.5-98.5 | 305 | 4.60 | 12.0 |" in text
     assert "traced / not traced: **0.97x**, the median of the 2 rounds' ratios" in text
     assert "(quartiles 0.9" in text and "rounds: 0.96, 0.98" in text
-    assert "spans only / not traced: **0.99x**" in text
+    assert "the job's spans only / not traced: **0.99x**" in text
     assert "traced, 10% sampled / not traced: **0.99x**" in text
 
 

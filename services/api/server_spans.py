@@ -1,0 +1,93 @@
+"""A server span for each HTTP request when tracing is on: the root of a job's trace (or a
+child of the caller's `traceparent`), the parent of what the request does (the submit span).
+
+Not FastAPI's OpenTelemetry instrumentation, which made the same span at 136 us of CPU a
+request against 46 us for the whole `POST` of an app of one route (benchmarks/span_work.py): it
+matches every route again to name the span before the request runs, collects a dozen
+attributes through helper layers and records three metrics nobody reads here; on tiny-gpt2 that
+was about 5% of a job's CPU by itself. This one is made by shared/span_recorder.py like
+Fibermill's other spans, named once the request is over from the route Starlette matched
+(`scope["route"]`), with the stable HTTP semantic conventions' attributes.
+
+Not for the probes and scrapes (each would make a trace of its own every few seconds), nor a
+span per ASGI message of a long response. `OTEL_PYTHON_FASTAPI_EXCLUDED_URLS` (comma-separated
+regular expressions searched in the path) replaces the excluded list, and
+`OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=fastapi` turns the server spans off, as they did for the
+instrumentation.
+"""
+
+import os
+import re
+from collections.abc import Mapping
+
+from opentelemetry.trace import SpanKind, StatusCode
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shared import tracing
+
+_EXCLUDED = "/healthz$,/readyz$,/metrics$"
+
+
+def excluded_paths(env: Mapping[str, str] = os.environ) -> re.Pattern[str] | None:
+    patterns = [p.strip() for p in env.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS",
+                                           _EXCLUDED).split(",") if p.strip()]
+    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+
+
+class ServerSpans:
+    def __init__(self, app: ASGIApp, excluded: re.Pattern[str] | None = None) -> None:
+        self.app = app
+        self.excluded = excluded
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (self.excluded is not None
+                                       and self.excluded.search(scope["path"])):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        caller = headers.get(b"traceparent")
+        status = 0
+
+        async def sent(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        method = scope["method"]
+        with tracing.span(method, caller.decode("latin-1") if caller else None,
+                          _request_attributes(scope, headers), SpanKind.SERVER) as span:
+            try:
+                await self.app(scope, receive, sent)
+            except Exception as exc:
+                # Starlette's outermost middleware, outside this one, answers it with a 500.
+                if span is not None:
+                    span.attributes["error.type"] = type(exc).__qualname__
+                status = status or 500
+                raise
+            finally:
+                if span is not None:
+                    route = getattr(scope.get("route"), "path", None)
+                    if route:
+                        span.name = f"{method} {route}"
+                        span.attributes["http.route"] = route
+                    if status:
+                        span.attributes["http.response.status_code"] = status
+                    if status >= 500:
+                        span.set_status(StatusCode.ERROR)
+
+
+def _request_attributes(scope: Scope, headers: dict[bytes, bytes]) -> dict[str, str | int]:
+    attributes: dict[str, str | int] = {
+        "http.request.method": scope["method"], "url.path": scope["path"],
+        "url.scheme": scope.get("scheme", "http"),
+        "network.protocol.version": scope.get("http_version", "1.1")}
+    server, client = scope.get("server"), scope.get("client")
+    if server:
+        attributes["server.address"], attributes["server.port"] = server[0], server[1]
+    if client:
+        attributes["client.address"] = client[0]
+    agent = headers.get(b"user-agent")
+    if agent:
+        attributes["user_agent.original"] = agent.decode("latin-1")
+    return attributes
