@@ -37,7 +37,6 @@ import httpx
 import redis
 
 from benchmarks.procstat import (
-    children,
     cpu_seconds,
     is_model_thread,
     python_thread_names,
@@ -369,8 +368,7 @@ def run(load: QueueLoad, model: bool = True) -> dict[str, Any]:
     (`model`) for the queue-path figure."""
     # One torch thread: the model's phase timings are then close to its CPU time.
     with bench_stack(MODEL, env={"OMP_NUM_THREADS": "1"}) as s:
-        pids = {"api": [s.api.pid], "worker": children(s.workers.pid), "redis": [s.redis.pid]}
-        r = measure(Target(s.url, s.redis_port, pids, s.metrics_url), load)
+        r = measure(Target(s.url, s.redis_port, s.serving_pids(), s.metrics_url), load)
     if model:
         r["model_ms_per_job"], r["model_batch"] = model_cpu_ms(load.clients, load.n)
         r["model_ms_alone"], _ = model_cpu_ms(1, load.n)

@@ -32,7 +32,6 @@ from services.api.server_spans import ServerSpans
 from services.worker.spans import SubRequestSpans, linked
 from shared import tracing
 from shared.messages import Outcome, SubRequest, TextItem
-from shared.span_recorder import Recorder
 
 BATCH = 32
 EXPORT_BATCH = 512  # the batch processor's OTEL_BSP_MAX_EXPORT_BATCH_SIZE default
@@ -59,8 +58,7 @@ def _provider(service: str) -> tuple[TracerProvider, _Encoded]:
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     processor = SimpleSpanProcessor(exporter)
     provider.add_span_processor(processor)
-    tracing._recorder = Recorder(provider, [processor], "fibermill")
-    tracing._on = True
+    tracing.install(provider, [processor])
     return provider, exporter
 
 

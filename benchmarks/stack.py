@@ -9,6 +9,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.procstat import children
 from services.devstack.processes import start_api, start_workers, stop, wait_ready
 from services.devstack.redis_server import free_port, start_redis
 
@@ -31,6 +32,12 @@ class BenchStack:
     @property
     def redis(self) -> subprocess.Popen:
         return self.procs[2]
+
+    def serving_pids(self) -> dict[str, list[int]]:
+        """The processes that serve its jobs, by role: the API, the worker (the launcher's
+        children, not the launcher), Redis."""
+        return {"api": [self.api.pid], "worker": children(self.workers.pid),
+                "redis": [self.redis.pid]}
 
 
 def stack_env(redis_port: int, metrics_port: int, models: str, batching: bool) -> dict[str, str]:

@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from benchmarks.one_prompt_bursts import CLIENTS, MODEL, NEW_TOKENS, Side, burst
-from benchmarks.procstat import children, cpu_seconds
+from benchmarks.procstat import cpu_seconds
 from benchmarks.stack import BenchStack, bench_stack
 from services.devstack.processes import frozen
 
@@ -51,9 +51,8 @@ class TracedSide(Side):
 
 
 def _stack_cpu(stack: BenchStack) -> float:
-    """CPU seconds of the stack's API, worker (the launcher's children) and Redis so far."""
-    pids = [stack.api.pid, stack.workers.pid, *children(stack.workers.pid), stack.redis.pid]
-    return sum(cpu_seconds(pid) for pid in pids)
+    """CPU seconds of the stack's API, worker and Redis so far."""
+    return sum(cpu_seconds(pid) for pids in stack.serving_pids().values() for pid in pids)
 
 
 class SpanSink:

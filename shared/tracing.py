@@ -11,8 +11,8 @@ itself (create_job.lua) rather than publishing them through Celery, the janitor 
 worker send them again hours later, and each side's spans must find the job's trace from what
 it holds. Its Celery message carries the same `traceparent` header, for Celery-aware tools.
 
-Fibermill's own spans are made by shared/span_recorder.py rather than the SDK's tracer, which
-costs several times as much a span; FastAPI's instrumentation makes the HTTP server spans.
+Fibermill's spans, the HTTP server spans included (services/api/server_spans.py), are made by
+shared/span_recorder.py rather than the SDK's tracer, which costs several times as much a span.
 """
 
 import logging
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
-from opentelemetry.context import Context, attach, detach
+from opentelemetry.context import attach, detach
 from opentelemetry.trace import (
     Link,
     NonRecordingSpan,
@@ -39,14 +39,16 @@ from opentelemetry.util.types import AttributeValue
 from shared.open_span import Open
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
     from shared.span_recorder import Recorder
 
 log = logging.getLogger(__name__)
 
 Attributes = Mapping[str, AttributeValue]
 # What a span's parent may be given as: one of Fibermill's spans (open, or the context of one
-# ended), an SDK span, a context holding one, or a traceparent.
-Parent = Open | SpanContext | Span | Context | str | None
+# ended), an SDK span, or a traceparent.
+Parent = Open | SpanContext | Span | str | None
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACER_NAME = "fibermill"
@@ -71,15 +73,12 @@ def setup(service: str, env: Mapping[str, str] = os.environ) -> bool:
     """Install the SDK for this process when the OTEL_* variables ask for traces; `service`
     names it unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES do. Returns whether tracing
     is on. Once per process: a second call changes nothing."""
-    global _on, _recorder
     if _on or not wanted(env):
         return _on
     # The SDK is imported only here: a process without tracing never loads it.
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    from shared.span_recorder import Recorder
 
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
         "OTEL_RESOURCE_ATTRIBUTES", "")
@@ -88,11 +87,21 @@ def setup(service: str, env: Mapping[str, str] = os.environ) -> bool:
     for processor in processors:
         provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    _recorder = Recorder(provider, processors, _TRACER_NAME)
-    _on = True
+    install(provider, processors)
     log.info("tracing on: spans of %s exported (%s)", service,
              env.get("OTEL_TRACES_EXPORTER") or "otlp")
     return True
+
+
+def install(provider: "TracerProvider", processors: Sequence["SpanProcessor"]) -> None:
+    """Fibermill's spans made for `provider` and handed to `processors`, tracing on: `setup`
+    does so with the process's SDK; a test or a benchmark with a provider of its own, which
+    never becomes the process's global one."""
+    global _on, _recorder
+    from shared.span_recorder import Recorder
+
+    _recorder = Recorder(provider, processors, _TRACER_NAME)
+    _on = True
 
 
 def _exporters(env: Mapping[str, str]) -> list:
@@ -132,7 +141,7 @@ def enabled() -> bool:
 
 
 def instrumenting(library: str, env: Mapping[str, str] = os.environ) -> bool:
-    """Whether to install `library`'s instrumentation (fastapi, celery): tracing is on and
+    """Whether to make `library`'s spans (`fastapi`: the HTTP server spans): tracing is on and
     OTEL_PYTHON_DISABLED_INSTRUMENTATIONS (the auto-instrumentation's own variable) does not
     name it."""
     disabled = {n.strip().lower() for n in
@@ -183,18 +192,6 @@ def span_context_of(traceparent: str | None) -> SpanContext | None:
     return ctx if version == "00" and ctx.is_valid else None
 
 
-def context_of(parent: Parent) -> Context | None:
-    """A context whose parent is `parent`; None (the current context) for none."""
-    if parent is None or parent == "":
-        return None
-    if isinstance(parent, Context):
-        return parent
-    if isinstance(parent, str) and span_context_of(parent) is None:
-        return _PROPAGATOR.extract({"traceparent": parent})  # another version's layout
-    ctx = parent_of(parent)
-    return None if ctx is None else trace.set_span_in_context(NonRecordingSpan(ctx))
-
-
 def parent_of(parent: Parent) -> SpanContext | None:
     """The span context `parent` names, or None for none (or a traceparent not understood)."""
     if parent is None or parent == "":
@@ -204,8 +201,6 @@ def parent_of(parent: Parent) -> SpanContext | None:
         if ctx is None:
             ctx = trace.get_current_span(_PROPAGATOR.extract({"traceparent": parent})
                                          ).get_span_context()
-    elif isinstance(parent, Context):
-        ctx = trace.get_current_span(parent).get_span_context()
     else:
         ctx = _span_context(parent)
     return ctx if ctx.is_valid else None
@@ -252,13 +247,14 @@ def span(name: str, parent: Parent = None, attributes: Attributes | None = None,
 @contextmanager
 def continued(traceparent: str | None) -> Iterator[None]:
     """Inside the block, spans without a parent of their own continue the trace `traceparent`
-    names (a caller's W3C header), unless a span is current already (the server span of
-    FastAPI's instrumentation, which read the same header)."""
-    if not _on or not traceparent or trace.get_current_span().get_span_context().is_valid:
+    names (a caller's W3C header), unless a span is current already (the request's server
+    span, which read the same header)."""
+    if not _on or trace.get_current_span().get_span_context().is_valid:
         yield
         return
-    ctx = context_of(traceparent)
-    token = attach(ctx) if ctx is not None else None
+    ctx = parent_of(traceparent)
+    token = (attach(trace.set_span_in_context(NonRecordingSpan(ctx))) if ctx is not None
+             else None)
     try:
         yield
     finally:

@@ -8,7 +8,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from shared import tracing
-from shared.span_recorder import Recorder
 
 
 @pytest.fixture
@@ -16,14 +15,16 @@ def exported(monkeypatch):
     """Yields (the exporter, `install(sampler=None)`, which puts in a provider with another
     sampler and returns it)."""
     exporter = InMemorySpanExporter()
+    # Off again after the test, as it was before it.
+    monkeypatch.setattr(tracing, "_recorder", None)
+    monkeypatch.setattr(tracing, "_on", False)
 
     def install(sampler=None):
         provider = TracerProvider(resource=Resource.create({"service.name": "test"}),
                                   **({} if sampler is None else {"sampler": sampler}))
         processor = SimpleSpanProcessor(exporter)
         provider.add_span_processor(processor)
-        monkeypatch.setattr(tracing, "_recorder", Recorder(provider, [processor], "fibermill"))
-        monkeypatch.setattr(tracing, "_on", True)
+        tracing.install(provider, [processor])
         return provider
 
     install()

@@ -62,7 +62,7 @@ def test_a_traceparent_is_read_as_its_remote_span_or_refused():
                 "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bx-01",
                 "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ""):
         assert tracing.span_context_of(bad) is None, bad
-    assert tracing.context_of(None) is None and tracing.context_of("") is None
+    assert tracing.parent_of(None) is None and tracing.parent_of("") is None
 
 
 def test_instrumentations_follow_the_standard_disabling_variable(monkeypatch):
