@@ -6,12 +6,15 @@ benchmarks/trace_cost.py measures jobs/s, which at tiny-gpt2's ~400 jobs/s on tw
 by a fifth from one burst to the next as batches form; this measures the work itself:
 
 - the worker: a batch of 32 traced sub-requests' spans made as the handler makes them
-  (services/worker/spans.py: queue, lease, batch with its links), then encoded by the OTLP
-  exporter's own encoder as its batch processor would; in us per sub-request;
-- the API: the submit span (shared/tracing.py) made and encoded; in us per job;
-- the HTTP server span: a `POST` through an app of one route with none, with Fibermill's
-  (services/api/server_spans.py) and with FastAPI's OpenTelemetry instrumentation in its place
-  (each span exported through the same encoder); the CPU of a request, in us.
+  (services/worker/spans.py: queue, lease, batch with its links), each written as OTLP bytes
+  at its end and joined into export requests as the OTLP/HTTP export does
+  (shared/span_export.py); in us per sub-request;
+- the HTTP server span: a `POST` through an app of one route that submits a job as the API
+  does (tracing.submitted), with no spans, with Fibermill's (services/api/server_spans.py: the
+  job's submit takes the request's span), and with FastAPI's OpenTelemetry instrumentation in
+  its place (its spans encoded by the OTLP exporter's own encoder, the submit a span of its
+  own); the CPU of a request, in us;
+- the API with the server spans off: a job's own submit span made and encoded; in us per job.
 
 Each is the median of 5 runs of a few thousand.
 """
@@ -27,18 +30,38 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from services.api.server_spans import ServerSpans
 from services.worker.spans import SubRequestSpans, linked
-from shared import tracing
+from shared import otlp_wire, tracing
 from shared.messages import Outcome, SubRequest, TextItem
 
 BATCH = 32
 EXPORT_BATCH = 512  # the batch processor's OTEL_BSP_MAX_EXPORT_BATCH_SIZE default
 
 
-class _Encoded(SpanExporter):
-    """Encodes what it is given as the OTLP exporter does, and keeps nothing."""
+class _Encoded:
+    """Takes spans as the OTLP/HTTP export does (shared/span_export.py: each written as wire
+    bytes as it ends), and `encode` joins them into export requests as its batch processor's
+    thread would; nothing is sent."""
+
+    def __init__(self, resource: Resource) -> None:
+        self.held: list[bytes] = []
+        self.resource = resource
+
+    def emit(self, encoded: bytes) -> None:
+        self.held.append(encoded)
+
+    def encode(self) -> None:
+        scope = InstrumentationScope("fibermill")
+        for i in range(0, len(self.held), EXPORT_BATCH):
+            otlp_wire.request(self.resource, scope, self.held[i:i + EXPORT_BATCH])
+        self.held.clear()
+
+
+class _SdkEncoded(SpanExporter):
+    """Encodes the SDK's spans as the OTLP exporter does, and keeps nothing."""
 
     def __init__(self) -> None:
         self.held: list[ReadableSpan] = []
@@ -54,12 +77,10 @@ class _Encoded(SpanExporter):
 
 
 def _provider(service: str) -> tuple[TracerProvider, _Encoded]:
-    exporter = _Encoded()
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    tracing.install(provider, [processor])
-    return provider, exporter
+    wire = _Encoded(provider.resource)
+    tracing.install(provider, [], wire)
+    return provider, wire
 
 
 def _sub(n: int) -> SubRequest:
@@ -100,7 +121,8 @@ def worker_us(batches: int = 60) -> float:
 
 
 def submit_us(jobs: int = 2000) -> float:
-    """Make and encode a job's submit span (a root: no caller's traceparent); us per job."""
+    """Make and encode a job's submit span of its own, as with the server spans off (a root:
+    no caller's traceparent); us per job."""
     _, exporter = _provider("fibermill-api")
 
     def run() -> float:
@@ -124,9 +146,16 @@ def server_us(spans: str, requests: int = 3000) -> float:
 
     @app.post("/v1/jobs")
     async def create(body: dict) -> dict:
+        # As Submissions.submit: the job's submit takes the request's span, or makes its own.
+        with tracing.submitted("fibermill.submit", {"fibermill.model": "m"}) as s:
+            if s is not None:
+                s.set_attributes({"fibermill.job_id": "f" * 32, "fibermill.outputs": 1,
+                                  "fibermill.created": True})
         return {"id": "job"}
 
-    exporter = None
+    exporter: _Encoded | _SdkEncoded | None = None
+    sdk = None
+    _off()
     if spans != "none":
         provider, exporter = _provider("fibermill-api")
     if spans == "fibermill":
@@ -134,6 +163,9 @@ def server_us(spans: str, requests: int = 3000) -> float:
     elif spans == "instrumentation":
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
+        # Its spans encoded by the OTLP exporter's own encoder, as the SDK's spans are.
+        sdk = _SdkEncoded()
+        provider.add_span_processor(SimpleSpanProcessor(sdk))
         FastAPIInstrumentor.instrument_app(app, tracer_provider=provider,
                                            exclude_spans=["receive", "send"])
     body = b'{"task": "text-generation", "model": "tiny-gpt2", "input": {"prompts": ["A"]}}'
@@ -160,8 +192,9 @@ def server_us(spans: str, requests: int = 3000) -> float:
         t0 = time.process_time()
         for _ in range(requests):
             await one()
-        if exporter is not None:
-            exporter.encode()
+        for encoded in (exporter, sdk):
+            if encoded is not None:
+                encoded.encode()
         return (time.process_time() - t0) / requests * 1e6
 
     asyncio.run(many())  # warm-up
@@ -175,19 +208,26 @@ def run(batches: int = 60, jobs: int = 2000, requests: int = 3000) -> dict[str, 
                 **{f"server_{spans}": server_us(spans, requests)
                    for spans in ("none", "fibermill", "instrumentation")}}
     finally:
-        tracing._recorder = None
-        tracing._on = False
+        _off()
+
+
+def _off() -> None:
+    """Tracing off in this process (once on, a process's tracing otherwise stays on)."""
+    tracing._recorder = None
+    tracing._on = False
 
 
 def report(r: dict[str, float]) -> list[str]:
     return [
         "The work itself (benchmarks/span_work.py, one process, the median of 5 runs): a "
         f"sub-request's worker spans made and encoded for export **{r['worker']:.0f} us** "
-        f"(batches of {BATCH}); a job's submit span **{r['submit']:.0f} us**; a request's "
-        f"server span **{r['server_fibermill'] - r['server_none']:.0f} us** "
-        f"(services/api/server_spans.py), where FastAPI's OpenTelemetry instrumentation took "
+        f"(batches of {BATCH}); a request's server span, which its job's submit takes, "
+        f"**{r['server_fibermill'] - r['server_none']:.0f} us** "
+        f"(services/api/server_spans.py), where FastAPI's OpenTelemetry instrumentation and "
+        f"a submit span of its own took "
         f"**{r['server_instrumentation'] - r['server_none']:.0f} us** "
-        f"({r['server_none']:.0f} us a `POST` through an app of one route without either).",
+        f"({r['server_none']:.0f} us a `POST` through an app of one route without either); "
+        f"a job's submit span of its own (the server spans off) **{r['submit']:.0f} us**.",
     ]
 
 

@@ -3,11 +3,11 @@
     python -m benchmarks.trace_cost [--jobs 600] [--rounds 20] [--out FILE]
 
 Four stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
-variables: one traces every job as deployed (OTLP over HTTP to a receiver in this process,
-which decodes and counts what it is sent: an export that nobody takes would cost retries
-instead), one the same without the HTTP server spans (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=
-fastapi: the job's own spans only), one as deployed with one
-job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and one has no exporter
+variables: one traces every job as deployed (OTLP over HTTP to a receiver in a process of its
+own, benchmarks/span_sink.py, which counts what it is sent: an export that nobody takes would
+cost retries instead), one the same without the HTTP server spans
+(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=fastapi: the job's own spans only), one as deployed with
+one job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and one has no exporter
 (the no-op tracer: shared/tracing.py). Measured in turns, the others frozen
 (processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
 benchmarks/replication_cost.py does. Reported: jobs/s, p50 latency and the CPU a job took of
@@ -20,24 +20,20 @@ to tell) and the spans exported per job.
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from benchmarks.one_prompt_bursts import CLIENTS, MODEL, NEW_TOKENS, Side, burst
 from benchmarks.procstat import cpu_seconds
 from benchmarks.stack import BenchStack, bench_stack
 from services.devstack.processes import frozen
+from services.devstack.redis_server import free_port
 
 # Exported within half a second of a span's end (the SDK's default waits 5 s), so the spans a
 # burst made are counted by the burst's end.
@@ -56,50 +52,33 @@ def _stack_cpu(stack: BenchStack) -> float:
 
 
 class SpanSink:
-    """An OTLP/HTTP receiver that counts the spans it is sent and keeps nothing else. It keeps
-    each request's body and decodes it when asked for the count, after a burst: a collector
-    runs on machines of its own, so its decoding is not the traced stack's cost, and here it
-    would take the same two cores from the stack under measurement."""
+    """The receiver the traced stacks export to: benchmarks/span_sink.py, in a process of its
+    own (a collector runs apart from the stack and from the load's clients)."""
 
     def __init__(self) -> None:
-        self._spans = 0
-        self._bodies: list[bytes] = []
-        self._lock = threading.Lock()
-        sink = self
-        reply = ExportTraceServiceResponse().SerializeToString()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
-                with sink._lock:
-                    sink._bodies.append(body)
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *_args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self._proc = subprocess.Popen([sys.executable, "-m", "benchmarks.span_sink", str(port)])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.spans  # noqa: B018 (answers once it is up)
+                return
+            except OSError:
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError("the span sink did not start") from None
+                time.sleep(0.05)
 
     @property
     def spans(self) -> int:
-        with self._lock:
-            bodies, self._bodies = self._bodies, []
-        for body in bodies:
-            req = ExportTraceServiceRequest()
-            req.ParseFromString(body)
-            self._spans += sum(len(ss.spans) for rs in req.resource_spans
-                               for ss in rs.scope_spans)
-        return self._spans
+        """The spans it has been sent so far."""
+        with urllib.request.urlopen(f"{self.url}/spans", timeout=30) as r:
+            return int(r.read())
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
 
 
 def run(jobs: int = 600, rounds: int = 20) -> dict:

@@ -5,9 +5,10 @@ a lock per span, applies limits and asks the sampler, some 20-25 us a span on th
 before its export. Fibermill's spans are of a shape it knows (a name, two times, a few
 attributes of plain types, a parent it holds as ids: shared/open_span.py), and most are
 recorded once what they cover is over. Here a span is only that: its context (ids from the
-provider's id generator), made into the SDK's own `ReadableSpan` at its end and given to the
-same processors (the batch processor, then the exporter) that the instrumentations' spans go
-to, so a collector sees no difference (docs/architecture.md, "Tracing", has the figures).
+provider's id generator), written at its end as OTLP bytes for the export over HTTP
+(shared/otlp_wire.py, shared/span_export.py), or made into the SDK's own `ReadableSpan` for
+any other processor (another exporter, a test's), so a collector sees no difference
+(docs/architecture.md, "Tracing", has the figures).
 
 Sampling is the provider's: a child of a parent follows the parent's sampled flag, as every
 parent-based sampler does (the SDK's default, and every `OTEL_TRACES_SAMPLER` named
@@ -16,6 +17,7 @@ not sampled still has a context, so its children know to make nothing either.
 """
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -25,7 +27,15 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
+from shared import otlp_wire
 from shared.open_span import Open
+
+
+class Emits(Protocol):
+    """Where encoded spans go (shared/span_export.py's WireSpans)."""
+
+    def emit(self, encoded: bytes) -> None: ...
+
 
 _SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
 
@@ -45,9 +55,13 @@ class _KeptHash(Resource):
 
 
 class Recorder:
+    """Makes spans for `provider` and hands each, once ended, to `processors` as the SDK's
+    `ReadableSpan`, and to `wire` (shared/span_export.py) as OTLP bytes."""
+
     def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor],
-                 scope: str) -> None:
+                 scope: str, wire: Emits | None = None) -> None:
         self._processors = tuple(processors)
+        self._wire = wire
         self._resource = _KeptHash(provider.resource)
         self._scope = InstrumentationScope(scope)
         self._sampler = provider.sampler
@@ -79,6 +93,10 @@ class Recorder:
 
     def close(self, span: Open, end_ns: int) -> None:
         if not span.context.trace_flags.sampled:
+            return
+        if self._wire is not None:
+            self._wire.emit(otlp_wire.span(span, end_ns))
+        if not self._processors:
             return
         done = ReadableSpan(name=span.name, context=span.context, parent=span.parent,
                             resource=self._resource, attributes=span.attributes,

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -41,7 +42,8 @@ from shared.open_span import Open
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
-    from shared.span_recorder import Recorder
+    from shared.span_export import WireSpans
+    from shared.span_recorder import Emits, Recorder
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACER_NAME = "fibermill"
 _on = False  # set once, by `setup`, when the OTEL_* variables name an exporter
 _recorder: "Recorder | None" = None  # Fibermill's own spans (shared/span_recorder.py)
+# The HTTP request's server span, while it is served (`request`), and the attribute that a
+# job's submit sets on it when it takes it (`submitted`), its id once the job is stored.
+_request: ContextVar["Open | None"] = ContextVar("fibermill_request_span", default=None)
+_TAKEN = "fibermill.job_id"
 
 
 def wanted(env: Mapping[str, str] = os.environ) -> bool:
@@ -83,25 +89,41 @@ def setup(service: str, env: Mapping[str, str] = os.environ) -> bool:
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
         "OTEL_RESOURCE_ATTRIBUTES", "")
     provider = TracerProvider(resource=Resource.create({} if named else {"service.name": service}))
-    processors = [BatchSpanProcessor(exporter) for exporter in _exporters(env)]
-    for processor in processors:
+    exporters = _exporters(env)
+    wire = _wire(exporters, provider)
+    processors = [BatchSpanProcessor(exporter) for exporter in exporters] if wire is None else []
+    for processor in [wire] if wire is not None else processors:
         provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    install(provider, processors)
+    install(provider, processors, wire)
     log.info("tracing on: spans of %s exported (%s)", service,
              env.get("OTEL_TRACES_EXPORTER") or "otlp")
     return True
 
 
-def install(provider: "TracerProvider", processors: Sequence["SpanProcessor"]) -> None:
-    """Fibermill's spans made for `provider` and handed to `processors`, tracing on: `setup`
-    does so with the process's SDK; a test or a benchmark with a provider of its own, which
-    never becomes the process's global one."""
+def install(provider: "TracerProvider", processors: Sequence["SpanProcessor"],
+            wire: "Emits | None" = None) -> None:
+    """Fibermill's spans made for `provider` and handed to `processors` (or, encoded, to
+    `wire`), tracing on: `setup` does so with the process's SDK; a test or a benchmark with a
+    provider of its own, which never becomes the process's global one."""
     global _on, _recorder
     from shared.span_recorder import Recorder
 
-    _recorder = Recorder(provider, processors, _TRACER_NAME)
+    _recorder = Recorder(provider, processors, _TRACER_NAME, wire)
     _on = True
+
+
+def _wire(exporters: list, provider: "TracerProvider") -> "WireSpans | None":
+    """With OTLP over HTTP the only exporter (the default), spans are encoded as they end and
+    sent in batches by shared/span_export.py; other exporters take the SDK's spans."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from shared.span_export import WireSpans
+
+    if len(exporters) != 1 or not isinstance(exporters[0], OTLPSpanExporter):
+        return None
+    return WireSpans(exporters[0], provider.resource, InstrumentationScope(_TRACER_NAME))
 
 
 def _exporters(env: Mapping[str, str]) -> list:
@@ -242,6 +264,37 @@ def span(name: str, parent: Parent = None, attributes: Attributes | None = None,
     finally:
         detach(token)
         _recorder.close(s, time.time_ns())
+
+
+@contextmanager
+def request(name: str, parent: Parent, attributes: Attributes) -> Iterator[Open | None]:
+    """An HTTP request's server span (services/api/server_spans.py): `span`, kind server, that
+    a job submitted inside it takes as its own (`submitted`)."""
+    with span(name, parent, attributes, SpanKind.SERVER) as s:
+        token = _request.set(s)
+        try:
+            yield s
+        finally:
+            _request.reset(token)
+
+
+@contextmanager
+def submitted(name: str, attributes: Attributes) -> Iterator[Open | None]:
+    """The span of a job's submit, the parent of all its other spans: the HTTP request's
+    server span when the job is the request's first (it covers the submit already, so a job
+    costs a span fewer), else a span `name` of its own under whatever is current (a batch's
+    lines, a request of several jobs). Yields None with tracing off."""
+    own = _request.get()
+    if own is not None and _TAKEN not in own.attributes:
+        own.set_attributes({_TAKEN: "", **attributes})
+        try:
+            yield own
+        finally:
+            if not own.attributes[_TAKEN]:  # refused: no job, no id
+                del own.attributes[_TAKEN]
+        return
+    with span(name, attributes=attributes) as s:
+        yield s
 
 
 @contextmanager

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared import tracing
@@ -55,8 +55,8 @@ class ServerSpans:
             await send(message)
 
         method = scope["method"]
-        with tracing.span(method, caller.decode("latin-1") if caller else None,
-                          _request_attributes(scope, headers), SpanKind.SERVER) as span:
+        with tracing.request(method, caller.decode("latin-1") if caller else None,
+                             _request_attributes(scope, headers)) as span:
             try:
                 await self.app(scope, receive, sent)
             except Exception as exc:

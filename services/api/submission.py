@@ -55,9 +55,10 @@ class Submissions:
         base_url: str | None = None, job_id: str | None = None,
         bucket: TokenBucket | None = None, watched: bool = False, batch: bool = False,
     ) -> Submitted:
-        """Accept a job (see `_accept`), in the span that starts its trace when tracing is on:
-        the job keeps that span's traceparent, and every span of the job is under it."""
-        with tracing.span("fibermill.submit", attributes={"fibermill.model": req.model}) as span:
+        """Accept a job (see `_accept`), in the span that starts its trace when tracing is on
+        (the request's server span, or a submit span: tracing.submitted): the job keeps that
+        span's traceparent, and every span of the job is under it."""
+        with tracing.submitted("fibermill.submit", {"fibermill.model": req.model}) as span:
             done = await self._accept(req, principal, idempotency_key, base_url, job_id, bucket,
                                       watched, batch)
             if span is not None:

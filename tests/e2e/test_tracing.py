@@ -1,7 +1,7 @@
 """One OpenTelemetry trace per job, across real processes: the API and a CPU worker export to
 a real OTLP/HTTP receiver (tests/e2e/otlp_receiver.py), configured by OTEL_* variables alone.
-A two-prompt job's trace holds the API's spans (the request, the submit, the join, the
-webhook) and the worker's (per prompt its wait in the queue, its lease, and its batch: its
+A two-prompt job's trace holds the API's spans (the request, which is the job's submit, the
+join, the webhook) and the worker's (per prompt its wait in the queue, its lease, and its batch: its
 device steps), joined into one tree; the job's status, its timeline and its
 webhook name the trace."""
 
@@ -70,7 +70,7 @@ def test_a_two_prompt_job_is_one_trace_across_both_services(traced):
     trace_id = job["trace_id"]
     assert isinstance(trace_id, str) and len(trace_id) == 32 and int(trace_id, 16)
 
-    want = {"POST /v1/jobs": 1, "fibermill.submit": 1, "fibermill.join": 1,
+    want = {"POST /v1/jobs": 1, "fibermill.join": 1,
             "fibermill.webhook": 1,
             **{name: 2 for name in PER_PROMPT}}
     spans = _spans(receiver, trace_id, want)
@@ -83,14 +83,17 @@ def test_a_two_prompt_job_is_one_trace_across_both_services(traced):
         side = WORKER if s.name in PER_PROMPT else API
         assert s.service == side, s
 
-    # One tree: a single root (the POST's server span), every other span's parent in it.
+    # One tree: a single root (the POST's server span, which is the job's submit), every
+    # other span's parent in it.
     roots = [s for s in spans if not s.parent_id]
     assert [r.name for r in roots] == ["POST /v1/jobs"]
     assert all(s.parent_id in by_id for s in spans if s.parent_id)
-    (submit,) = [s for s in spans if s.name == "fibermill.submit"]
-    assert by_id[submit.parent_id] is roots[0]
+    assert "fibermill.submit" not in names
+    submit = roots[0]
     assert submit.attributes["fibermill.job_id"] == job["id"]
-    # The worker's spans found their parent in the sub-request's traceparent: the submit span.
+    assert submit.attributes["fibermill.model"] == "tiny-gpt2"
+    assert submit.attributes["fibermill.outputs"] == 2
+    # The worker's spans found their parent in the sub-request's traceparent: the submit.
     for s in spans:
         if s.name in ("fibermill.queue", "fibermill.lease"):
             assert s.parent_id == submit.span_id, s
@@ -145,7 +148,7 @@ def test_a_callers_traceparent_makes_the_job_part_of_its_trace(traced):
     assert job["status"] == "succeeded" and job["trace_id"] == caller
     # The server span ends after its response is sent, so it may reach the receiver last.
     spans = _spans(receiver, caller,
-                   {"fibermill.lease": 1, "fibermill.submit": 1, "POST /v1/jobs": 1})
+                   {"fibermill.lease": 1, "POST /v1/jobs": 1})
     (lease,) = [s for s in spans if s.name == "fibermill.lease"]
     # A one-prompt text job becomes final in the script that stores its result: no join.
     assert lease.attributes["fibermill.job_final"] is True

@@ -101,3 +101,32 @@ def test_they_encode_as_otlp_in_one_group_with_the_sdks_spans(exported):
     by_name = {s.name: s for scope in group.scope_spans for s in scope.spans}
     assert by_name["fibermill.submit"].parent_span_id == by_name["POST /v1/jobs"].span_id
     assert {scope.scope.name for scope in group.scope_spans} == {"fastapi", "fibermill"}
+
+
+def test_a_requests_first_job_takes_its_server_span_and_others_have_their_own(exported):
+    exporter, _ = exported
+    with tracing.request("POST", None, {"url.path": "/v1/jobs"}) as server:
+        with tracing.submitted("fibermill.submit", {"fibermill.model": "a"}) as first:
+            assert first is server and server is not None
+            assert tracing.current_traceparent() == tracing.traceparent_of(server)
+            first.set_attributes({"fibermill.job_id": "j1"})
+        with tracing.submitted("fibermill.submit", {"fibermill.model": "b"}) as second:
+            assert second is not None and second is not server
+            second.set_attributes({"fibermill.job_id": "j2"})
+    with tracing.submitted("fibermill.submit", {"fibermill.model": "c"}) as alone:
+        assert alone is not None and alone.parent is None  # no request: a root of its own
+    spans = {s.attributes.get("fibermill.model"): s for s in exporter.get_finished_spans()}
+    assert spans["a"].name == "POST" and spans["a"].kind.name == "SERVER"
+    assert spans["a"].attributes["fibermill.job_id"] == "j1"
+    assert spans["b"].name == "fibermill.submit" and spans["b"].parent == spans["a"].context
+    assert spans["c"].name == "fibermill.submit"
+
+
+def test_a_refused_submit_leaves_its_request_span_without_a_job(exported):
+    exporter, _ = exported
+    with tracing.request("POST", None, {}):
+        with (pytest.raises(ValueError),
+              tracing.submitted("fibermill.submit", {"fibermill.model": "a"})):
+            raise ValueError("422")
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes == {"fibermill.model": "a"}
