@@ -2,19 +2,23 @@
 
     python -m benchmarks.trace_cost [--jobs 600] [--rounds 20] [--out FILE]
 
-Four stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
+Five stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
 variables: one traces every job as deployed (OTLP over HTTP to a receiver in a process of its
 own, benchmarks/span_sink.py, which counts what it is sent: an export that nobody takes would
 cost retries instead), one the same without the HTTP server spans
 (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=fastapi: the job's own spans only), one as deployed with
-one job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and one has no exporter
-(the no-op tracer: shared/tracing.py). Measured in turns, the others frozen
+one job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and two have no
+exporter (the no-op tracer: shared/tracing.py): the second measures how far two stacks alike
+come out apart, in the same run. Measured in turns, the others frozen
 (processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
-benchmarks/replication_cost.py does. Reported: jobs/s, p50 latency and the CPU a job took of
-the stack's processes (the API, the worker, Redis) on each, each traced stack's ratio to the
-untraced one round by round (the median and the quartiles: a stack's jobs/s moves by a fifth
-from one burst to the next as its batches form, so a cost of a few percent needs many rounds
-to tell) and the spans exported per job.
+benchmarks/replication_cost.py does, each worker with one intra-op thread as the peers
+benchmark runs tiny-gpt2 (`--threads 0`: the cores, the default; docs/architecture.md, "Threads
+of a CPU worker": with two on these two cores an OpenMP team stalls whenever the API preempts
+it, and any CPU the API spends costs the model's steps again). Reported: jobs/s, p50 latency
+and the CPU a job took of the stack's processes (the API, the worker, Redis) on each, each
+traced stack's ratio to the untraced one round by round (the median and the quartiles: a
+stack's jobs/s moves by a fifth from one burst to the next as its batches form, so a cost of a
+few percent needs many rounds to tell) and the spans exported per job.
 """
 
 import argparse
@@ -81,16 +85,17 @@ class SpanSink:
         self._proc.wait(timeout=10)
 
 
-def run(jobs: int = 600, rounds: int = 20) -> dict:
+def run(jobs: int = 600, rounds: int = 20, threads: int | None = 1) -> dict:
     sink = SpanSink()
     try:
         with tempfile.TemporaryDirectory(prefix="fibermill-trace-cost-") as tmp:
-            return _measure(sink, Path(tmp), jobs, rounds)
+            return _measure(sink, Path(tmp), jobs, rounds, threads)
     finally:
         sink.close()
 
 
-TRACED, OWN, SAMPLED, PLAIN = "traced", "own", "sampled", "plain"
+TRACED, OWN, SAMPLED, PLAIN, AGAIN = "traced", "own", "sampled", "plain", "again"
+COMPARED = (TRACED, OWN, SAMPLED, AGAIN)  # each against PLAIN
 # Head sampling as docs/operations.md suggests for a fleet of small models: one job in ten.
 SAMPLE_RATIO = 0.1
 
@@ -103,18 +108,21 @@ def _envs(sink: SpanSink) -> dict[str, dict[str, str]]:
             OWN: {**traced, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi"},
             SAMPLED: {**traced, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                       "OTEL_TRACES_SAMPLER_ARG": str(SAMPLE_RATIO)},
-            PLAIN: {"OTEL_TRACES_EXPORTER": "none"}}
+            PLAIN: {"OTEL_TRACES_EXPORTER": "none"},
+            AGAIN: {"OTEL_TRACES_EXPORTER": "none"}}
 
 
-def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
+def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int, threads: int | None) -> dict:
     sides = {TRACED: TracedSide("traced (OTLP/HTTP)"),
              OWN: TracedSide("traced, the job's spans only (no HTTP server spans)"),
              SAMPLED: TracedSide(f"traced as deployed, {SAMPLE_RATIO:.0%} of jobs sampled "
                                  "(parentbased_traceidratio)"),
-             PLAIN: TracedSide("not traced (no exporter)")}
+             PLAIN: TracedSide("not traced (no exporter)"),
+             AGAIN: TracedSide("not traced, a second stack alike (the measure's own spread)")}
     with ExitStack() as running:
         stacks: dict[str, BenchStack] = {
-            k: running.enter_context(bench_stack(MODEL, env=env, logdir=tmp / k))
+            k: running.enter_context(bench_stack(MODEL, threads=threads, env=env,
+                                                 logdir=tmp / k))
             for k, env in _envs(sink).items()}
 
         def others(k: str) -> list:
@@ -132,7 +140,7 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
                     cpu = _stack_cpu(stacks[k])
                     rps, p50 = asyncio.run(burst(stacks[k].url, jobs))
                     cpu = _stack_cpu(stacks[k]) - cpu
-                    if k != PLAIN:  # the burst's last spans, exported before it is frozen
+                    if k not in (PLAIN, AGAIN):  # its last spans exported before it is frozen
                         time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
                 side = sides[k]
                 side.rps.append(rps)
@@ -142,20 +150,21 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int) -> dict:
                 print(f"[trace-cost {time.strftime('%H:%M:%S')}] {side.name}: {rps:.1f} jobs/s",
                       file=sys.stderr, flush=True)
     ratios = {k: [t / p for t, p in zip(sides[k].rps, sides[PLAIN].rps, strict=True)]
-              for k in (TRACED, OWN, SAMPLED)}
-    return {"jobs": jobs, "rounds": rounds, "sides": sides, "ratios": ratios,
+              for k in COMPARED}
+    return {"jobs": jobs, "rounds": rounds, "threads": threads, "sides": sides, "ratios": ratios,
             "ratio": {k: statistics.median(v) for k, v in ratios.items()}}
 
 
 def report(r: dict) -> list[str]:
     lines = [
         "## Tracing: what a trace per job costs", "",
-        f"From benchmarks/trace_cost.py: four stacks alike but for the OTEL_* variables (two "
+        f"From benchmarks/trace_cost.py: five stacks alike but for the OTEL_* variables (two "
         f"export every job's spans over OTLP/HTTP to a receiver on this machine, one of them "
         f"without the HTTP server spans; the third samples {SAMPLE_RATIO:.0%} of jobs; "
-        f"the fourth has no exporter), "
+        f"the fourth and fifth have no exporter), "
         f"measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
-        f"({NEW_TOKENS} new tokens) from {CLIENTS} clients.", "",
+        f"({NEW_TOKENS} new tokens) from {CLIENTS} clients; "
+        f"{_threads(r.get('threads'))} intra-op thread(s) a worker.", "",
         "| stack | jobs/s (median) | jobs/s (quartiles) | p50 latency (ms) | "
         "CPU a job (ms, median) | spans per job |",
         "|---|---|---|---|---|---|",
@@ -168,12 +177,17 @@ def report(r: dict) -> list[str]:
                      f"{statistics.median(side.spans_per_job):.1f} |")
     lines.append("")
     for k, what in ((TRACED, "traced"), (OWN, "the job's spans only"),
-                    (SAMPLED, f"traced, {SAMPLE_RATIO:.0%} sampled")):
+                    (SAMPLED, f"traced, {SAMPLE_RATIO:.0%} sampled"),
+                    (AGAIN, "of a second untraced stack")):
         lines.append(f"Jobs/s {what} / not traced: **{r['ratio'][k]:.2f}x**, the median of "
                      f"the {len(r['ratios'][k])} rounds' ratios (quartiles "
                      f"{_quartiles(r['ratios'][k], '.2f')}; rounds: "
                      f"{', '.join(f'{x:.2f}' for x in r['ratios'][k])}).")
     return lines
+
+
+def _threads(threads: int | None) -> str:
+    return "the cores'" if threads is None else str(threads)
 
 
 def _quartiles(xs: list[float], fmt: str) -> str:
@@ -187,9 +201,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.trace_cost", description=__doc__)
     ap.add_argument("--jobs", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="the workers' intra-op threads (0: the cores, the default's)")
     ap.add_argument("--out", type=Path, help="write the report here too")
     args = ap.parse_args()
-    lines = report(run(args.jobs, args.rounds))
+    lines = report(run(args.jobs, args.rounds, args.threads or None))
     print("\n".join(lines))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")

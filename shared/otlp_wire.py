@@ -19,7 +19,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext
+from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode
 
 from shared.open_span import Open
 
@@ -35,7 +35,9 @@ _REMOTE_FLAGS = b"\x85\x01" + (0x300).to_bytes(4, "little")
 _LINK_LOCAL_FLAGS = b"\x35" + (0x100).to_bytes(4, "little")  # Link.flags, field 6
 _LINK_REMOTE_FLAGS = b"\x35" + (0x300).to_bytes(4, "little")
 # Span.kind (field 6): the API's SpanKind values are OTLP's less one (0 is "unspecified").
-_KINDS = {value: bytes((0x30, value + 1)) for value in range(5)}
+# Keyed by the member: an enum member's `.value` is a slow descriptor on this Python.
+_KINDS = {kind: bytes((0x30, kind.value + 1)) for kind in SpanKind}
+_UNSET = b"\x7a\x00"  # Status (15), as the SDK's encoder writes it unset: present, empty
 
 
 def _varint(n: int) -> bytes:
@@ -94,15 +96,24 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any]) -> bytes:
     OTLP has no value for is left out (and logged), not the span."""
     out = []
     for k, v in attributes.items():
-        try:
-            value = _value(v)
-        except TypeError:
-            log.exception("span attribute %s left out", k)
-            continue
+        # A string, the commonest, written here; the rest by _value.
+        if type(v) is str:
+            b = v.encode()
+            n = len(b)
+            value = (b"\x0a" + bytes((n,)) if n < 0x80 else b"\x0a" + _varint(n)) + b
+        else:
+            try:
+                value = _value(v)
+            except TypeError:
+                log.exception("span attribute %s left out", k)
+                continue
         key = _keys.get(k)
         if key is None:
             key = _keys[k] = _field(b"\x0a", k.encode())
-        out.append(_field(tag, key + _field(b"\x12", value)))
+        n = len(value)
+        body = key + (b"\x12" + bytes((n,)) if n < 0x80 else b"\x12" + _varint(n)) + value
+        n = len(body)
+        out.append((tag + bytes((n,)) if n < 0x80 else tag + _varint(n)) + body)
     return b"".join(out)
 
 
@@ -124,23 +135,26 @@ def _trace_state(ctx: SpanContext) -> bytes:
 def span(s: Open, end_ns: int) -> bytes:
     """`s`, ended at `end_ns`, as a ScopeSpans.spans field (2) holding an OTLP Span."""
     ctx, parent = s.context, s.parent
+    name = s.name.encode()
     parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"),
              b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
     if ctx.trace_state:
         parts.append(_field(b"\x1a", _trace_state(ctx)))
     if parent is not None:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    parts += (_field(b"\x2a", s.name.encode()), _KINDS[s.kind.value],
-              b"\x39", _pack_fixed64(s.start_ns), b"\x41", _pack_fixed64(end_ns))
+    parts += (b"\x2a", bytes((len(name),)) if len(name) < 0x80 else _varint(len(name)), name,
+              _KINDS[s.kind], b"\x39", _pack_fixed64(s.start_ns), b"\x41", _pack_fixed64(end_ns))
     if s.attributes:
         parts.append(_attributes(b"\x4a", s.attributes))
     for link in s.links:
         parts.append(_link(link))
-    # Status (15) is always present, as the SDK's encoder writes it: empty when unset.
     status = s.status
-    code = status.status_code.value
-    described = _field(b"\x12", status.description.encode()) if status.description else b""
-    parts.append(_field(b"\x7a", described + (bytes((0x18, code)) if code else b"")))
+    if status.status_code is StatusCode.UNSET and not status.description:
+        parts.append(_UNSET)
+    else:
+        code = status.status_code.value
+        described = _field(b"\x12", status.description.encode()) if status.description else b""
+        parts.append(_field(b"\x7a", described + (bytes((0x18, code)) if code else b"")))
     parts.append(_REMOTE_FLAGS if parent is not None and parent.is_remote else _LOCAL_FLAGS)
     return _field(b"\x12", b"".join(parts))
 

@@ -2,6 +2,7 @@
 draining; and the API server's drain at SIGTERM (services/api/serve.py)."""
 
 import asyncio
+import gc
 import signal
 import socket
 import time
@@ -88,6 +89,28 @@ def test_draining_is_not_ready_whatever_else(client_for, redis_url, requires):
 def _server(drain: float) -> DrainingServer:
     app = FastAPI()
     return DrainingServer(uvicorn.Config(app), app, drain)
+
+
+def test_once_started_what_the_app_built_is_out_of_the_collectors_full_passes():
+    from services.devstack.redis_server import free_port
+
+    app = FastAPI()
+    server = DrainingServer(uvicorn.Config(app, port=free_port(), log_config=None), app, 0)
+    server.config.load()
+    server.lifespan = server.config.lifespan_class(server.config)
+
+    async def started() -> int:
+        await server.startup()
+        try:
+            return gc.get_freeze_count()
+        finally:
+            await server.shutdown()
+
+    gc.unfreeze()
+    try:
+        assert asyncio.run(started()) > 0
+    finally:
+        gc.unfreeze()  # this process's objects back in the collector's care
 
 
 def test_sigterm_drains_before_uvicorn_shuts_down():

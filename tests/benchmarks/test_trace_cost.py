@@ -6,6 +6,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from benchmarks.trace_cost import (
+    AGAIN,
     OWN,
     PLAIN,
     SAMPLED,
@@ -41,16 +42,18 @@ def test_the_report_states_each_side_and_the_ratios():
              SAMPLED: TracedSide("sampled", [100.0, 98.0], [0.29, 0.30], [1.0, 1.5],
                                  [4.2, 4.3]),
              PLAIN: TracedSide("not traced", [100.0, 100.0], [0.29, 0.30], [0.0, 0.0],
-                               [4.2, 4.2])}
+                               [4.2, 4.2]),
+             AGAIN: TracedSide("again", [101.0, 99.0], [0.29, 0.30], [0.0, 0.0], [4.2, 4.2])}
     text = "\n".join(report({"jobs": 40, "rounds": 2, "sides": sides,
-                             "ratio": {TRACED: 0.97, OWN: 0.99, SAMPLED: 0.99},
+                             "ratio": {TRACED: 0.97, OWN: 0.99, SAMPLED: 0.99, AGAIN: 1.0},
                              "ratios": {TRACED: [0.96, 0.98], OWN: [0.99, 0.99],
-                                        SAMPLED: [1.0, 0.98]}}))
+                                        SAMPLED: [1.0, 0.98], AGAIN: [1.01, 0.99]}}))
     assert "| traced | 97.0 | 95.5-98.5 | 305 | 4.60 | 12.0 |" in text
     assert "traced / not traced: **0.97x**, the median of the 2 rounds' ratios" in text
     assert "(quartiles 0.9" in text and "rounds: 0.96, 0.98" in text
     assert "the job's spans only / not traced: **0.99x**" in text
     assert "traced, 10% sampled / not traced: **0.99x**" in text
+    assert "of a second untraced stack / not traced: **1.00x**" in text
 
 
 def test_the_traced_sides_differ_only_in_the_instrumentations_and_the_sampler():
@@ -63,4 +66,4 @@ def test_the_traced_sides_differ_only_in_the_instrumentations_and_the_sampler():
     assert envs[SAMPLED].pop("OTEL_TRACES_SAMPLER") == "parentbased_traceidratio"
     assert envs[SAMPLED].pop("OTEL_TRACES_SAMPLER_ARG") == "0.1"
     assert envs[OWN] == envs[TRACED] == envs[SAMPLED]
-    assert envs[PLAIN] == {"OTEL_TRACES_EXPORTER": "none"}
+    assert envs[PLAIN] == envs[AGAIN] == {"OTEL_TRACES_EXPORTER": "none"}
