@@ -1,6 +1,6 @@
 """What tracing costs, for `make bench`.
 
-    python -m benchmarks.trace_cost [--jobs 600] [--rounds 20] [--out FILE]
+    python -m benchmarks.trace_cost [--jobs 600] [--rounds 20] [--threads 1] [--out FILE]
 
 Five stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
 variables: one traces every job as deployed (OTLP over HTTP to a receiver in a process of its
@@ -9,8 +9,9 @@ cost retries instead), one the same without the HTTP server spans
 (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=fastapi: the job's own spans only), one as deployed with
 one job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and two have no
 exporter (the no-op tracer: shared/tracing.py): the second measures how far two stacks alike
-come out apart, in the same run. Measured in turns, the others frozen
-(processes.frozen), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
+come out apart, in the same run. Measured in turns, the others frozen (processes.frozen), in
+two sessions that start the stacks in opposite orders (one started later came out faster, by
+up to a tenth), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
 benchmarks/replication_cost.py does, each worker with one intra-op thread as the peers
 benchmark runs tiny-gpt2 (`--threads 0`: the cores, the default; docs/architecture.md, "Threads
 of a CPU worker": with two on these two cores an OpenMP team stalls whenever the API preempts
@@ -96,6 +97,7 @@ def run(jobs: int = 600, rounds: int = 20, threads: int | None = 1) -> dict:
 
 TRACED, OWN, SAMPLED, PLAIN, AGAIN = "traced", "own", "sampled", "plain", "again"
 COMPARED = (TRACED, OWN, SAMPLED, AGAIN)  # each against PLAIN
+SESSIONS = 2
 # Head sampling as docs/operations.md suggests for a fleet of small models: one job in ten.
 SAMPLE_RATIO = 0.1
 
@@ -119,11 +121,29 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int, threads: int | N
                                  "(parentbased_traceidratio)"),
              PLAIN: TracedSide("not traced (no exporter)"),
              AGAIN: TracedSide("not traced, a second stack alike (the measure's own spread)")}
+    envs = list(_envs(sink).items())
+    # Stacks started later came out faster here, up to a tenth (an untraced stack against
+    # another, started last): each session starts them in the other order, and the rounds'
+    # ratios of both are pooled.
+    for session in range(SESSIONS):
+        started = envs if session % 2 == 0 else envs[::-1]
+        _session(dict(started), sides, sink, tmp / f"s{session}", jobs,
+                 -(-rounds // SESSIONS), threads)
+    ratios = {k: [t / p for t, p in zip(sides[k].rps, sides[PLAIN].rps, strict=True)]
+              for k in COMPARED}
+    return {"jobs": jobs, "rounds": len(sides[PLAIN].rps), "threads": threads, "sides": sides,
+            "ratios": ratios,
+            "ratio": {k: statistics.median(v) for k, v in ratios.items()}}
+
+
+def _session(envs: dict[str, dict[str, str]], sides: dict[str, TracedSide], sink: SpanSink,
+             tmp: Path, jobs: int, rounds: int, threads: int | None) -> None:
+    """Start the stacks in `envs`' order and measure `rounds` rounds of them into `sides`."""
     with ExitStack() as running:
         stacks: dict[str, BenchStack] = {
             k: running.enter_context(bench_stack(MODEL, threads=threads, env=env,
                                                  logdir=tmp / k))
-            for k, env in _envs(sink).items()}
+            for k, env in envs.items()}
 
         def others(k: str) -> list:
             return [p for o, st in stacks.items() if o != k for p in st.procs]
@@ -131,7 +151,7 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int, threads: int | N
         for k in stacks:  # warm-up: each model's first bursts are slower
             with frozen(others(k)):
                 asyncio.run(burst(stacks[k].url, jobs // 4))
-        order = list(stacks)
+        order = sorted(stacks, key=list(sides).index)  # the same turns in each session
         for r in range(rounds):
             turn = r % len(order)
             for k in order[turn:] + order[:turn]:
@@ -149,10 +169,6 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int, threads: int | N
                 side.spans_per_job.append((sink.spans - before) / jobs)
                 print(f"[trace-cost {time.strftime('%H:%M:%S')}] {side.name}: {rps:.1f} jobs/s",
                       file=sys.stderr, flush=True)
-    ratios = {k: [t / p for t, p in zip(sides[k].rps, sides[PLAIN].rps, strict=True)]
-              for k in COMPARED}
-    return {"jobs": jobs, "rounds": rounds, "threads": threads, "sides": sides, "ratios": ratios,
-            "ratio": {k: statistics.median(v) for k, v in ratios.items()}}
 
 
 def report(r: dict) -> list[str]:
@@ -162,7 +178,8 @@ def report(r: dict) -> list[str]:
         f"export every job's spans over OTLP/HTTP to a receiver on this machine, one of them "
         f"without the HTTP server spans; the third samples {SAMPLE_RATIO:.0%} of jobs; "
         f"the fourth and fifth have no exporter), "
-        f"measured in turns; {r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
+        f"measured in turns in {SESSIONS} sessions, the stacks started in opposite orders; "
+        f"{r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients; "
         f"{_threads(r.get('threads'))} intra-op thread(s) a worker.", "",
         "| stack | jobs/s (median) | jobs/s (quartiles) | p50 latency (ms) | "

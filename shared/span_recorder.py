@@ -70,6 +70,11 @@ class Recorder:
         # OTEL_SPAN_LINK_COUNT_LIMIT, as the SDK's spans keep it (a batch leader's links)
         self._max_links = SpanLimits().max_links
 
+    def may_sample(self, parent: SpanContext) -> bool:
+        """Whether a span under `parent` may be sampled: never under a parent not sampled
+        when the sampler follows the parent."""
+        return parent.trace_flags.sampled or not self._follows_parent
+
     def open(self, name: str, parent: SpanContext | None, start_ns: int,
              attributes: Mapping[str, AttributeValue] | None = None,
              links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL) -> Open:

@@ -315,6 +315,13 @@ def continued(traceparent: str | None) -> Iterator[None]:
             detach(token)
 
 
+def may_sample(parent: SpanContext | None) -> bool:
+    """Whether spans under `parent` may be exported: tracing on, a parent, and not one that
+    was not sampled under a sampler that follows the parent (the default): a caller that makes
+    several spans under one parent can skip them all at once."""
+    return _recorder is not None and parent is not None and _recorder.may_sample(parent)
+
+
 def start(name: str, parent: Parent, at: float | None = None,
           attributes: Attributes | None = None) -> Open | None:
     """A span begun at `at` (epoch seconds; now by default) under `parent`, ended by `end`;

@@ -1,7 +1,8 @@
 """A sub-request's spans on its worker, in its job's trace (shared/tracing.py).
 
-Made only for a sub-request that carries a traceparent, on a worker that traces: `open` returns
-None otherwise, and the handler's only cost is that check. Each span is recorded from times
+Made only for a sub-request that carries a traceparent, on a worker that traces, of a job that
+was sampled (or under a sampler that does not follow the parent): `open` returns None
+otherwise, and the handler's only cost is that check. Each span is recorded from times
 the handler reads anyway, once what it covers is over, so nothing is added on the device
 thread or between decode steps:
 
@@ -23,7 +24,7 @@ more than making it (docs/architecture.md, "Tracing").
 
 import time
 
-from opentelemetry.trace import Link, StatusCode
+from opentelemetry.trace import Link, SpanContext, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from shared import tracing
@@ -43,8 +44,8 @@ def linked(member: str, together: list[str]) -> list[str]:
 
 
 class SubRequestSpans:
-    def __init__(self, sub: SubRequest, worker: str, received: float) -> None:
-        parent = tracing.span_context_of(sub.traceparent)  # read once, for both
+    def __init__(self, sub: SubRequest, parent: SpanContext, worker: str,
+                 received: float) -> None:
         if sub.sent_at is not None:
             tracing.record("fibermill.queue", parent, sub.sent_at, received,
                            {"fibermill.index": sub.index})
@@ -57,9 +58,15 @@ class SubRequestSpans:
 
     @classmethod
     def open(cls, sub: SubRequest, worker: str) -> "SubRequestSpans | None":
+        """Its spans, or None: tracing off, a job stored without tracing, or a job not sampled
+        (under the default parent-based sampler none of its spans would be exported)."""
         if not tracing.enabled() or sub.traceparent is None:
             return None
-        return cls(sub, worker, time.time())
+        parent = tracing.span_context_of(sub.traceparent)
+        if not tracing.may_sample(parent):
+            return None
+        assert parent is not None
+        return cls(sub, parent, worker, time.time())
 
     def started_with(self, peers: list["SubRequestSpans"]) -> None:
         """The sub-requests its batch started with that it links to (`linked`), linked from

@@ -57,3 +57,17 @@ def test_nothing_is_made_for_a_sub_request_stored_without_a_trace(exported):
     assert SubRequestSpans.open(_sub(1).model_copy(update={"traceparent": None}), "w") is None
     assert exporter.get_finished_spans() == ()
     assert tracing.enabled()
+
+
+def test_a_job_not_sampled_makes_nothing_unless_the_sampler_ignores_the_parent(exported):
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    exporter, install = exported
+    unsampled = _sub(7).model_copy(update={"traceparent": f"00-{7:032x}-{7:016x}-00"})
+    assert SubRequestSpans.open(unsampled, "worker-1") is None  # parent-based: the default
+    install(ALWAYS_ON)  # a sampler of its own for every span: the parent's flag is not enough
+    spans = SubRequestSpans.open(unsampled, "worker-1")
+    assert spans is not None
+    spans.close(Outcome.SUCCEEDED, 1)
+    assert {s.name for s in exporter.get_finished_spans()} == {"fibermill.queue",
+                                                               "fibermill.lease"}
