@@ -124,9 +124,8 @@ def test_a_requests_first_job_takes_its_server_span_and_others_have_their_own(ex
 
 def test_a_refused_submit_leaves_its_request_span_without_a_job(exported):
     exporter, _ = exported
-    with tracing.request("POST", None, {}):
-        with (pytest.raises(ValueError),
-              tracing.submitted("fibermill.submit", {"fibermill.model": "a"})):
-            raise ValueError("422")
+    with (tracing.request("POST", None, {}), pytest.raises(ValueError),
+          tracing.submitted("fibermill.submit", {"fibermill.model": "a"})):
+        raise ValueError("422")
     (span,) = exporter.get_finished_spans()
     assert span.attributes == {"fibermill.model": "a"}
