@@ -1,5 +1,6 @@
 """A server span for each HTTP request when tracing is on: the root of a job's trace (or a
-child of the caller's `traceparent`), the parent of what the request does (the submit span).
+child of the caller's `traceparent`), and the job's submit span too when the request submits
+one (tracing.submitted: a job's trace is a span shorter).
 
 Not FastAPI's OpenTelemetry instrumentation, which made the same span at 136 us of CPU a
 request against 46 us for the whole `POST` of an app of one route (benchmarks/span_work.py): it
