@@ -96,24 +96,15 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any]) -> bytes:
     OTLP has no value for is left out (and logged), not the span."""
     out = []
     for k, v in attributes.items():
-        # A string, the commonest, written here; the rest by _value.
-        if type(v) is str:
-            b = v.encode()
-            n = len(b)
-            value = (b"\x0a" + bytes((n,)) if n < 0x80 else b"\x0a" + _varint(n)) + b
-        else:
-            try:
-                value = _value(v)
-            except TypeError:
-                log.exception("span attribute %s left out", k)
-                continue
+        try:
+            value = _value(v)
+        except TypeError:
+            log.exception("span attribute %s left out", k)
+            continue
         key = _keys.get(k)
         if key is None:
             key = _keys[k] = _field(b"\x0a", k.encode())
-        n = len(value)
-        body = key + (b"\x12" + bytes((n,)) if n < 0x80 else b"\x12" + _varint(n)) + value
-        n = len(body)
-        out.append((tag + bytes((n,)) if n < 0x80 else tag + _varint(n)) + body)
+        out.append(_field(tag, key + _field(b"\x12", value)))
     return b"".join(out)
 
 
@@ -135,15 +126,14 @@ def _trace_state(ctx: SpanContext) -> bytes:
 def span(s: Open, end_ns: int) -> bytes:
     """`s`, ended at `end_ns`, as a ScopeSpans.spans field (2) holding an OTLP Span."""
     ctx, parent = s.context, s.parent
-    name = s.name.encode()
     parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"),
              b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
     if ctx.trace_state:
         parts.append(_field(b"\x1a", _trace_state(ctx)))
     if parent is not None:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    parts += (b"\x2a", bytes((len(name),)) if len(name) < 0x80 else _varint(len(name)), name,
-              _KINDS[s.kind], b"\x39", _pack_fixed64(s.start_ns), b"\x41", _pack_fixed64(end_ns))
+    parts += (_field(b"\x2a", s.name.encode()), _KINDS[s.kind],
+              b"\x39", _pack_fixed64(s.start_ns), b"\x41", _pack_fixed64(end_ns))
     if s.attributes:
         parts.append(_attributes(b"\x4a", s.attributes))
     for link in s.links:
