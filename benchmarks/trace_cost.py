@@ -16,7 +16,9 @@ benchmarks/replication_cost.py does, each worker with one intra-op thread as the
 benchmark runs tiny-gpt2 (`--threads 0`: the cores, the default; docs/architecture.md, "Threads
 of a CPU worker": with two on these two cores an OpenMP team stalls whenever the API preempts
 it, and any CPU the API spends costs the model's steps again). Reported: jobs/s, p50 latency
-and the CPU a job took of the stack's processes (the API, the worker, Redis) on each, each
+and the CPU a job took of the stack's processes on each, in all and by process (the API's
+does not move with how the worker's batches form, so it shows the API's share of the cost
+plainly; each stack's last spans' export is counted, and every stack idles as long), each
 traced stack's ratio to the untraced one round by round (the median and the quartiles: a
 stack's jobs/s moves by a fifth from one burst to the next as its batches form, so a cost of a
 few percent needs many rounds to tell) and the spans exported per job.
@@ -49,11 +51,14 @@ SCHEDULE_DELAY_MS = 500
 class TracedSide(Side):
     spans_per_job: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)  # of the stack's processes, a job
+    # by process (api, worker, redis), a job: the API's does not move with how batches form
+    role_ms: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _stack_cpu(stack: BenchStack) -> float:
-    """CPU seconds of the stack's API, worker and Redis so far."""
-    return sum(cpu_seconds(pid) for pids in stack.serving_pids().values() for pid in pids)
+def _stack_cpu(stack: BenchStack) -> dict[str, float]:
+    """CPU seconds of the stack's API, worker and Redis so far, by role."""
+    return {role: sum(cpu_seconds(pid) for pid in pids)
+            for role, pids in stack.serving_pids().items()}
 
 
 class SpanSink:
@@ -159,13 +164,17 @@ def _session(envs: dict[str, dict[str, str]], sides: dict[str, TracedSide], sink
                 with frozen(others(k)):
                     cpu = _stack_cpu(stacks[k])
                     rps, p50 = asyncio.run(burst(stacks[k].url, jobs))
-                    cpu = _stack_cpu(stacks[k]) - cpu
-                    if k not in (PLAIN, AGAIN):  # its last spans exported before it is frozen
-                        time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
+                    # Its last spans exported before it is frozen, and their export's CPU
+                    # counted; each stack waits alike, so that what its timers take while idle
+                    # is counted alike too.
+                    time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
+                    after = _stack_cpu(stacks[k])
                 side = sides[k]
                 side.rps.append(rps)
                 side.p50.append(p50)
-                side.cpu_ms.append(cpu / jobs * 1000)
+                side.cpu_ms.append((sum(after.values()) - sum(cpu.values())) / jobs * 1000)
+                for role, seconds in after.items():
+                    side.role_ms.setdefault(role, []).append((seconds - cpu[role]) / jobs * 1000)
                 side.spans_per_job.append((sink.spans - before) / jobs)
                 print(f"[trace-cost {time.strftime('%H:%M:%S')}] {side.name}: {rps:.1f} jobs/s",
                       file=sys.stderr, flush=True)
@@ -183,14 +192,16 @@ def report(r: dict) -> list[str]:
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients; "
         f"{_threads(r.get('threads'))} intra-op thread(s) a worker.", "",
         "| stack | jobs/s (median) | jobs/s (quartiles) | p50 latency (ms) | "
-        "CPU a job (ms, median) | spans per job |",
-        "|---|---|---|---|---|---|",
+        "CPU a job (ms, median) | of it API / worker / Redis | spans per job |",
+        "|---|---|---|---|---|---|---|",
     ]
     for side in r["sides"].values():
+        roles = " / ".join(f"{statistics.median(side.role_ms[role]):.2f}"
+                           for role in ("api", "worker", "redis") if role in side.role_ms)
         lines.append(f"| {side.name} | {statistics.median(side.rps):.1f} | "
                      f"{_quartiles(side.rps, '.1f')} | "
                      f"{statistics.median(side.p50) * 1000:.0f} | "
-                     f"{statistics.median(side.cpu_ms):.2f} | "
+                     f"{statistics.median(side.cpu_ms):.2f} | {roles or '-'} | "
                      f"{statistics.median(side.spans_per_job):.1f} |")
     lines.append("")
     for k, what in ((TRACED, "traced"), (OWN, "the job's spans only"),

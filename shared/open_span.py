@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-_UNSET = Status(StatusCode.UNSET)
+UNSET = Status(StatusCode.UNSET)  # a span's status until one is set
 
 
 @dataclass(slots=True)
@@ -21,7 +21,7 @@ class Open:
     start_ns: int
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     links: Sequence[Link] = ()
-    status: Status = _UNSET
+    status: Status = UNSET
     kind: SpanKind = SpanKind.INTERNAL
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:

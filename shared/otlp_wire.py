@@ -21,6 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode
 
+from shared import open_span
 from shared.open_span import Open
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,11 @@ _REMOTE_FLAGS = b"\x85\x01" + (0x300).to_bytes(4, "little")
 _LINK_LOCAL_FLAGS = b"\x35" + (0x100).to_bytes(4, "little")  # Link.flags, field 6
 _LINK_REMOTE_FLAGS = b"\x35" + (0x300).to_bytes(4, "little")
 # Span.kind (field 6): the API's SpanKind values are OTLP's less one (0 is "unspecified").
-# Keyed by the member: an enum member's `.value` is a slow descriptor on this Python.
+# Keyed by the member: an enum member's `.value` is a slow descriptor on this Python (and its
+# hash a call in Python: the usual kind is told apart by identity first).
 _KINDS = {kind: bytes((0x30, kind.value + 1)) for kind in SpanKind}
+_INTERNAL = SpanKind.INTERNAL
+_INTERNAL_KIND = _KINDS[_INTERNAL]
 _UNSET = b"\x7a\x00"  # Status (15), as the SDK's encoder writes it unset: present, empty
 
 
@@ -92,24 +96,68 @@ _keys: dict[str, bytes] = {}  # KeyValue.key fields, written once a name
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, Any]) -> bytes:
-    """Repeated KeyValue fields under `tag`; as the SDK's encoder does, an attribute of a type
-    OTLP has no value for is left out (and logged), not the span."""
+    """Repeated KeyValue fields under `tag`."""
+    return b"".join([_kv(tag, k, v) for k, v in attributes.items()])
+
+
+def _kv(tag: bytes, k: str, v: Any) -> bytes:
+    """A KeyValue field under `tag`; as the SDK's encoder does, an attribute of a type OTLP has
+    no value for is left out (and logged), not the span."""
+    try:
+        value = _value(v)
+    except TypeError:
+        log.exception("span attribute %s left out", k)
+        return b""
+    key = _keys.get(k)
+    if key is None:
+        key = _keys[k] = _field(b"\x0a", k.encode())
+    return _field(tag, key + _field(b"\x12", value))
+
+
+# A span's attributes repeat from one span to the next (a method, a route, a model, a worker,
+# a batch size, an outcome): each pair of a name and a str, int or bool value is written once and
+# kept, its Span.attributes field (9) whole. Keyed apart by the value's type, because True ==
+# 1 == 1.0 as keys of one dict. Emptied when full, as values that never repeat (ids) pass
+# through it too.
+_KEPT_MAX = 4096
+_kept_str: dict[tuple[str, str], bytes] = {}
+_kept_int: dict[tuple[str, int], bytes] = {}
+_kept_bool: dict[tuple[str, bool], bytes] = {}
+
+
+def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
     out = []
-    for k, v in attributes.items():
-        try:
-            value = _value(v)
-        except TypeError:
-            log.exception("span attribute %s left out", k)
+    for item in attributes.items():
+        t = type(item[1])
+        if t is str:
+            kept = _kept_str
+        elif t is int:
+            kept = _kept_int
+        elif t is bool:
+            kept = _kept_bool
+        else:
+            out.append(_kv(b"\x4a", *item))
             continue
-        key = _keys.get(k)
-        if key is None:
-            key = _keys[k] = _field(b"\x0a", k.encode())
-        out.append(_field(tag, key + _field(b"\x12", value)))
-    return b"".join(out)
+        kv = kept.get(item)
+        if kv is None:
+            if len(kept) >= _KEPT_MAX:
+                kept.clear()
+            kv = kept[item] = _kv(b"\x4a", *item)
+        out.append(kv)
+    return out
+
+
+# A link as a worker's batch span holds them, without trace state or attributes: fixed size.
+_PLAIN_LINK = struct.Struct(">4sQQ2sQ5s").pack  # Span.links (13), 33 bytes
+_LINK_HEAD = b"\x6a\x21\x0a\x10"
 
 
 def _link(link: Link) -> bytes:
     ctx = link.context
+    if not ctx.trace_state and not link.attributes:
+        t = ctx.trace_id
+        return _PLAIN_LINK(_LINK_HEAD, t >> 64, t & _LOW64, b"\x12\x08", ctx.span_id,
+                           _LINK_REMOTE_FLAGS if ctx.is_remote else _LINK_LOCAL_FLAGS)
     body = (b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big") + b"\x12\x08"
             + ctx.span_id.to_bytes(8, "big"))
     if ctx.trace_state:
@@ -123,30 +171,48 @@ def _trace_state(ctx: SpanContext) -> bytes:
     return ",".join(f"{k}={v}" for k, v in ctx.trace_state.items()).encode()
 
 
+_LOW64 = (1 << 64) - 1
+_IDS = struct.Struct(">2sQQ2sQ").pack  # trace_id (1), span_id (2)
+_PARENT = struct.Struct(">2sQ").pack  # parent_span_id (4)
+_TIMES = struct.Struct("<BQBQ").pack  # start_time_unix_nano (7), end_time_unix_nano (8)
+_names: dict[str, bytes] = {}  # Span.name fields (5), written once a name
+
+
 def span(s: Open, end_ns: int) -> bytes:
     """`s`, ended at `end_ns`, as a ScopeSpans.spans field (2) holding an OTLP Span."""
     ctx, parent = s.context, s.parent
-    parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"),
-             b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
+    t = ctx.trace_id
+    parts = [_IDS(b"\x0a\x10", t >> 64, t & _LOW64, b"\x12\x08", ctx.span_id)]
     if ctx.trace_state:
         parts.append(_field(b"\x1a", _trace_state(ctx)))
     if parent is not None:
-        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    parts += (_field(b"\x2a", s.name.encode()), _KINDS[s.kind],
-              b"\x39", _pack_fixed64(s.start_ns), b"\x41", _pack_fixed64(end_ns))
+        parts.append(_PARENT(b"\x22\x08", parent.span_id))
+    name = _names.get(s.name)
+    if name is None:
+        name = _field(b"\x2a", s.name.encode())
+        if len(_names) < _KEPT_MAX:
+            _names[s.name] = name
+    kind = s.kind
+    parts += (name, _INTERNAL_KIND if kind is _INTERNAL else _KINDS[kind],
+              _TIMES(0x39, s.start_ns, 0x41, end_ns))
     if s.attributes:
-        parts.append(_attributes(b"\x4a", s.attributes))
+        parts += _span_attributes(s.attributes)
     for link in s.links:
         parts.append(_link(link))
     status = s.status
-    if status.status_code is StatusCode.UNSET and not status.description:
+    if status is open_span.UNSET or (status.status_code is StatusCode.UNSET
+                                     and not status.description):
         parts.append(_UNSET)
     else:
         code = status.status_code.value
         described = _field(b"\x12", status.description.encode()) if status.description else b""
         parts.append(_field(b"\x7a", described + (bytes((0x18, code)) if code else b"")))
     parts.append(_REMOTE_FLAGS if parent is not None and parent.is_remote else _LOCAL_FLAGS)
-    return _field(b"\x12", b"".join(parts))
+    body = b"".join(parts)
+    n = len(body)
+    if 0x80 <= n < 0x4000:  # most spans: a length of two bytes
+        return bytes((0x12, n & 0x7F | 0x80, n >> 7)) + body
+    return _field(b"\x12", body)
 
 
 def request(resource: Resource, scope: InstrumentationScope, spans: Iterable[bytes]) -> bytes:

@@ -53,10 +53,11 @@ def _send(celery: Celery, subs: list[SubRequest], priority: int) -> None:
 
 
 def _task_args(sub: SubRequest) -> list[dict[str, Any]]:
+    args = sub.task_args()
     # A traced sub-request says when it was sent: its worker's span of the wait starts there.
     if sub.traceparent is not None:
-        sub = sub.model_copy(update={"sent_at": time.time()})
-    return sub.task_args()
+        args[0]["sent_at"] = time.time()
+    return args
 
 
 def _trace_headers(sub: SubRequest) -> dict[str, str] | None:

@@ -22,7 +22,7 @@ from typing import Protocol
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
@@ -66,6 +66,11 @@ class Recorder:
         self._scope = InstrumentationScope(scope)
         self._sampler = provider.sampler
         self._follows_parent = isinstance(provider.sampler, ParentBased)
+        # The SDK's default, parentbased_always_on, samples every root: asking it costs a root
+        # span (the API's, one a job) as much as making it.
+        self._roots_sampled = (type(provider.sampler) is ParentBased and
+                               provider.sampler.get_description()
+                               == ParentBased(ALWAYS_ON).get_description())
         self._ids = provider.id_generator
         # OTEL_SPAN_LINK_COUNT_LIMIT, as the SDK's spans keep it (a batch leader's links)
         self._max_links = SpanLimits().max_links
@@ -87,6 +92,8 @@ class Recorder:
             parent, trace_id, state = None, self._ids.generate_trace_id(), None
         if parent is not None and self._follows_parent:
             sampled = parent.trace_flags.sampled
+        elif parent is None and self._roots_sampled:
+            sampled = True
         else:
             ctx = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
             verdict = self._sampler.should_sample(ctx, trace_id, name, kind, attrs, links)

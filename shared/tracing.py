@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
@@ -244,57 +244,90 @@ def ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-@contextmanager
+class _Current:
+    """A span current around a block (`span`, `request`): entered, it is attached as the
+    OpenTelemetry context's current span, and the request's span too when it is one; left, it
+    ends, failed if an exception left the block. A class rather than a generator: it is on
+    every traced request's path, and a generator's context manager costs several times as much
+    to enter and leave."""
+
+    __slots__ = ("_request", "_request_token", "_token", "span")
+
+    def __init__(self, s: Open, request: bool = False) -> None:
+        self.span = s
+        self._request = request
+
+    def __enter__(self) -> Open:
+        self._token = attach(trace.set_span_in_context(NonRecordingSpan(self.span.context)))
+        if self._request:
+            self._request_token = _request.set(self.span)
+        return self.span
+
+    def __exit__(self, _kind: object, exc: BaseException | None, _tb: object) -> None:
+        s = self.span
+        if exc is not None:
+            s.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+        if self._request:
+            _request.reset(self._request_token)
+        detach(self._token)
+        if _recorder is not None:
+            _recorder.close(s, time.time_ns())
+
+
+_NO_SPAN: AbstractContextManager[None] = nullcontext()
+
+
 def span(name: str, parent: Parent = None, attributes: Attributes | None = None,
-         kind: SpanKind = SpanKind.INTERNAL) -> Iterator[Open | None]:
+         kind: SpanKind = SpanKind.INTERNAL) -> AbstractContextManager[Open | None]:
     """A span around the block, the current one inside it; a child of `parent`, else of the
     current span, else the root of a new trace. Yields None with tracing off. An exception
     leaving the block marks it failed."""
     if _recorder is None:
-        yield None
-        return
-    under = parent_of(parent) if parent is not None else parent_of(trace.get_current_span())
-    s = _recorder.open(name, under, time.time_ns(), attributes, kind=kind)
-    token = attach(trace.set_span_in_context(NonRecordingSpan(s.context)))
-    try:
-        yield s
-    except BaseException as exc:
-        s.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        detach(token)
-        _recorder.close(s, time.time_ns())
+        return _NO_SPAN
+    return _Current(_recorder.open(name, _under(parent), time.time_ns(), attributes, kind=kind))
 
 
-@contextmanager
-def request(name: str, parent: Parent, attributes: Attributes) -> Iterator[Open | None]:
+def request(name: str, parent: Parent, attributes: Attributes
+            ) -> AbstractContextManager[Open | None]:
     """An HTTP request's server span (services/api/server_spans.py): `span`, kind server, that
     a job submitted inside it takes as its own (`submitted`)."""
-    with span(name, parent, attributes, SpanKind.SERVER) as s:
-        token = _request.set(s)
-        try:
-            yield s
-        finally:
-            _request.reset(token)
+    if _recorder is None:
+        return _NO_SPAN
+    return _Current(_recorder.open(name, _under(parent), time.time_ns(), attributes,
+                                   kind=SpanKind.SERVER), request=True)
 
 
-@contextmanager
-def submitted(name: str, attributes: Attributes) -> Iterator[Open | None]:
+def _under(parent: Parent) -> SpanContext | None:
+    return parent_of(parent) if parent is not None else parent_of(trace.get_current_span())
+
+
+class _Taken:
+    """The request's span, taken by a job's submit for the block (`submitted`)."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, s: Open) -> None:
+        self.span = s
+
+    def __enter__(self) -> Open:
+        return self.span
+
+    def __exit__(self, *_exc: object) -> None:
+        if not self.span.attributes[_TAKEN]:  # refused: no job, no id
+            del self.span.attributes[_TAKEN]
+
+
+def submitted(name: str, attributes: Attributes) -> AbstractContextManager[Open | None]:
     """The span of a job's submit, the parent of all its other spans: the HTTP request's
     server span when the job is the request's first (it covers the submit already, so a job
     costs a span fewer), else a span `name` of its own under whatever is current (a batch's
     lines, a request of several jobs). Yields None with tracing off."""
     own = _request.get()
     if own is not None and _TAKEN not in own.attributes:
-        own.set_attributes({_TAKEN: "", **attributes})
-        try:
-            yield own
-        finally:
-            if not own.attributes[_TAKEN]:  # refused: no job, no id
-                del own.attributes[_TAKEN]
-        return
-    with span(name, attributes=attributes) as s:
-        yield s
+        own.attributes[_TAKEN] = ""
+        own.attributes.update(attributes)
+        return _Taken(own)
+    return span(name, attributes=attributes)
 
 
 @contextmanager

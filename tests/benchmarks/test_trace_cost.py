@@ -37,7 +37,8 @@ def test_the_sink_counts_the_spans_an_exporter_sends():
 
 def test_the_report_states_each_side_and_the_ratios():
     sides = {TRACED: TracedSide("traced", [96.0, 98.0], [0.30, 0.31], [12.0, 12.0],
-                                [4.5, 4.7]),
+                                [4.5, 4.7], {"api": [1.5, 1.7], "worker": [2.5, 2.5],
+                                             "redis": [0.5, 0.5]}),
              OWN: TracedSide("own", [99.0, 99.0], [0.29, 0.30], [6.0, 6.0], [4.3, 4.3]),
              SAMPLED: TracedSide("sampled", [100.0, 98.0], [0.29, 0.30], [1.0, 1.5],
                                  [4.2, 4.3]),
@@ -48,7 +49,8 @@ def test_the_report_states_each_side_and_the_ratios():
                              "ratio": {TRACED: 0.97, OWN: 0.99, SAMPLED: 0.99, AGAIN: 1.0},
                              "ratios": {TRACED: [0.96, 0.98], OWN: [0.99, 0.99],
                                         SAMPLED: [1.0, 0.98], AGAIN: [1.01, 0.99]}}))
-    assert "| traced | 97.0 | 95.5-98.5 | 305 | 4.60 | 12.0 |" in text
+    assert "| traced | 97.0 | 95.5-98.5 | 305 | 4.60 | 1.60 / 2.50 / 0.50 | 12.0 |" in text
+    assert "| own | 99.0 | 99.0-99.0 | 295 | 4.30 | - | 6.0 |" in text
     assert "traced / not traced: **0.97x**, the median of the 2 rounds' ratios" in text
     assert "(quartiles 0.9" in text and "rounds: 0.96, 0.98" in text
     assert "the job's spans only / not traced: **0.99x**" in text

@@ -91,6 +91,28 @@ def test_a_span_of_many_links_has_its_lengths_written_in_several_bytes():
     assert wire == sdk
 
 
+def test_a_span_past_16_kib_has_its_length_written_in_three_bytes():
+    wire, sdk = _both([(Open("x", _ctx(2), None, 1, {"big": "y" * 20_000}), 2)])
+    assert wire == sdk
+
+
+def test_attribute_values_written_once_and_kept_encode_with_their_own_types():
+    # True == 1 == 1.0 as keys: one name given each in turn, and again, and other names alike
+    values = [True, 1, 1.0, "1", 1, True, False, 0, "", 0.0, False, "1"]
+    wire, sdk = _both([(Open("x", _ctx(2 + n), None, 1, {"v": v, "route": "/v1/jobs"}), 2)
+                       for n, v in enumerate(values)])
+    assert wire == sdk
+
+
+def test_the_kept_values_are_let_go_when_there_are_too_many(monkeypatch):
+    monkeypatch.setattr(otlp_wire, "_KEPT_MAX", 3)
+    wire, sdk = _both([(Open("x", _ctx(2 + n), None, 1,
+                             {"job": f"{n:032x}", "n": n, "even": n % 2 == 0}), 2)
+                       for n in range(20)])
+    assert wire == sdk
+    assert max(map(len, (otlp_wire._kept_str, otlp_wire._kept_int))) <= 3
+
+
 def test_a_resource_and_scope_with_schema_urls_and_versions():
     resource = Resource({"service.name": "api"}, schema_url="https://opentelemetry.io/s/1.9")
     scope = InstrumentationScope("fibermill", "1.2.3", "https://example.com/s",

@@ -5,7 +5,7 @@ of the test's own, never the process's global one."""
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import StatusCode
 
 from shared import tracing
@@ -62,6 +62,15 @@ def test_a_root_asks_the_providers_sampler(exported):
     install(ALWAYS_OFF)  # not parent-based: the sampler decides for children too
     assert not tracing.record("fibermill.queue", SAMPLED, 1.0, 2.0).trace_flags.sampled
     assert [s.name for s in exporter.get_finished_spans()] == ["fibermill.queue"]
+
+
+def test_the_default_samplers_roots_are_sampled(exported):
+    exporter, install = exported
+    install(ParentBased(ALWAYS_ON))  # as the SDK makes it from no OTEL_TRACES_SAMPLER
+    with tracing.span("fibermill.submit") as root:
+        assert root is not None and root.parent is None
+        assert root.context.trace_flags.sampled and not root.context.trace_state
+    assert [s.name for s in exporter.get_finished_spans()] == ["fibermill.submit"]
 
 
 def test_the_current_span_parents_a_span_block_and_an_exception_marks_it(exported):
