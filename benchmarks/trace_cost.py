@@ -10,8 +10,9 @@ cost retries instead), one the same without the HTTP server spans
 one job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and two have no
 exporter (the no-op tracer: shared/tracing.py): the second measures how far two stacks alike
 come out apart, in the same run. Measured in turns, the others frozen (processes.frozen), in
-two sessions that start the stacks in opposite orders (one started later came out faster, by
-up to a tenth), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
+sessions that each start the stacks anew, in the other order than the last (a stack keeps a
+speed of its own while it runs: two alike came out 8% apart over 80 rounds of one session each
+way), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
 benchmarks/replication_cost.py does, each worker with one intra-op thread as the peers
 benchmark runs tiny-gpt2 (`--threads 0`: the cores, the default; docs/architecture.md, "Threads
 of a CPU worker": with two on these two cores an OpenMP team stalls whenever the API preempts
@@ -26,12 +27,14 @@ few percent needs many rounds to tell) and the spans exported per job.
 
 import argparse
 import asyncio
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,18 +94,24 @@ class SpanSink:
         self._proc.wait(timeout=10)
 
 
-def run(jobs: int = 600, rounds: int = 20, threads: int | None = 1) -> dict:
+TRACED, OWN, SAMPLED, PLAIN, AGAIN = "traced", "own", "sampled", "plain", "again"
+STACKS = (TRACED, OWN, SAMPLED, PLAIN, AGAIN)
+COMPARED = (TRACED, OWN, SAMPLED, AGAIN)  # each against PLAIN
+
+
+def run(jobs: int = 600, rounds: int = 30, threads: int | None = 1,
+        stacks: Sequence[str] = STACKS, sessions: int = 6) -> dict:
+    """`stacks`: which of STACKS to measure (PLAIN always); fewer, more rounds in the time.
+    `rounds` split among `sessions`, each with stacks started anew."""
     sink = SpanSink()
     try:
         with tempfile.TemporaryDirectory(prefix="fibermill-trace-cost-") as tmp:
-            return _measure(sink, Path(tmp), jobs, rounds, threads)
+            return _measure(sink, Path(tmp), jobs, rounds, threads, {*stacks, PLAIN},
+                            max(1, sessions))
     finally:
         sink.close()
 
 
-TRACED, OWN, SAMPLED, PLAIN, AGAIN = "traced", "own", "sampled", "plain", "again"
-COMPARED = (TRACED, OWN, SAMPLED, AGAIN)  # each against PLAIN
-SESSIONS = 2
 # Head sampling as docs/operations.md suggests for a fleet of small models: one job in ten.
 SAMPLE_RATIO = 0.1
 
@@ -119,26 +128,42 @@ def _envs(sink: SpanSink) -> dict[str, dict[str, str]]:
             AGAIN: {"OTEL_TRACES_EXPORTER": "none"}}
 
 
-def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int, threads: int | None) -> dict:
+def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int, threads: int | None,
+             stacks: set[str], sessions: int) -> dict:
     sides = {TRACED: TracedSide("traced (OTLP/HTTP)"),
              OWN: TracedSide("traced, the job's spans only (no HTTP server spans)"),
              SAMPLED: TracedSide(f"traced as deployed, {SAMPLE_RATIO:.0%} of jobs sampled "
                                  "(parentbased_traceidratio)"),
              PLAIN: TracedSide("not traced (no exporter)"),
              AGAIN: TracedSide("not traced, a second stack alike (the measure's own spread)")}
-    envs = list(_envs(sink).items())
-    # Stacks started later came out faster here, up to a tenth (an untraced stack against
-    # another, started last): each session starts them in the other order, and the rounds'
-    # ratios of both are pooled.
-    for session in range(SESSIONS):
+    sides = {k: side for k, side in sides.items() if k in stacks}
+    envs = [(k, env) for k, env in _envs(sink).items() if k in stacks]
+    # A stack keeps a speed of its own from its start to its end: two untraced stacks alike
+    # came out 8% apart over 80 rounds of one session each way (and a stack started later up
+    # to a tenth faster). Rounds in more sessions, each starting the stacks anew and in the
+    # other order than the last, measure tracing across that rather than one draw of it.
+    per_session = -(-rounds // sessions)
+    for session in range(sessions):
         started = envs if session % 2 == 0 else envs[::-1]
-        _session(dict(started), sides, sink, tmp / f"s{session}", jobs,
-                 -(-rounds // SESSIONS), threads)
+        _session(dict(started), sides, sink, tmp / f"s{session}", jobs, per_session, threads)
     ratios = {k: [t / p for t, p in zip(sides[k].rps, sides[PLAIN].rps, strict=True)]
-              for k in COMPARED}
+              for k in COMPARED if k in sides}
     return {"jobs": jobs, "rounds": len(sides[PLAIN].rps), "threads": threads, "sides": sides,
-            "ratios": ratios,
+            "sessions": sessions, "ratios": ratios,
             "ratio": {k: statistics.median(v) for k, v in ratios.items()}}
+
+
+def median_interval(xs: Sequence[float], sessions: int = 0,
+                    resamples: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of `xs`, rounds in `sessions` equal runs of
+    them (0: each round its own): whole sessions are drawn, as a session's rounds share its
+    stacks' speed. A fixed seed: a report reads the same for the same rounds."""
+    n = len(xs) // sessions if sessions else 1
+    groups = [xs[i:i + n] for i in range(0, len(xs), n)]
+    draw = random.Random(0)
+    medians = sorted(statistics.median([x for g in draw.choices(groups, k=len(groups))
+                                        for x in g]) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def _session(envs: dict[str, dict[str, str]], sides: dict[str, TracedSide], sink: SpanSink,
@@ -164,10 +189,10 @@ def _session(envs: dict[str, dict[str, str]], sides: dict[str, TracedSide], sink
                 with frozen(others(k)):
                     cpu = _stack_cpu(stacks[k])
                     rps, p50 = asyncio.run(burst(stacks[k].url, jobs))
-                    # Its last spans exported before it is frozen, and their export's CPU
-                    # counted; each stack waits alike, so that what its timers take while idle
-                    # is counted alike too.
-                    time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
+                    if k not in (PLAIN, AGAIN):
+                        # Its last spans exported before it is frozen, and their export's CPU
+                        # counted (with what its timers take meanwhile, against tracing).
+                        time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
                     after = _stack_cpu(stacks[k])
                 side = sides[k]
                 side.rps.append(rps)
@@ -183,11 +208,10 @@ def _session(envs: dict[str, dict[str, str]], sides: dict[str, TracedSide], sink
 def report(r: dict) -> list[str]:
     lines = [
         "## Tracing: what a trace per job costs", "",
-        f"From benchmarks/trace_cost.py: five stacks alike but for the OTEL_* variables (two "
-        f"export every job's spans over OTLP/HTTP to a receiver on this machine, one of them "
-        f"without the HTTP server spans; the third samples {SAMPLE_RATIO:.0%} of jobs; "
-        f"the fourth and fifth have no exporter), "
-        f"measured in turns in {SESSIONS} sessions, the stacks started in opposite orders; "
+        f"From benchmarks/trace_cost.py: {len(r['sides'])} stacks alike but for the OTEL_* "
+        f"variables (traced ones export over OTLP/HTTP to a receiver on this machine), "
+        f"measured in turns in {r.get('sessions', 2)} sessions, each starting the stacks anew "
+        f"and in the other order than the last; "
         f"{r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients; "
         f"{_threads(r.get('threads'))} intra-op thread(s) a worker.", "",
@@ -207,9 +231,12 @@ def report(r: dict) -> list[str]:
     for k, what in ((TRACED, "traced"), (OWN, "the job's spans only"),
                     (SAMPLED, f"traced, {SAMPLE_RATIO:.0%} sampled"),
                     (AGAIN, "of a second untraced stack")):
+        if k not in r["ratios"]:
+            continue
+        low, high = median_interval(r["ratios"][k], r.get("sessions", 0))
         lines.append(f"Jobs/s {what} / not traced: **{r['ratio'][k]:.2f}x**, the median of "
-                     f"the {len(r['ratios'][k])} rounds' ratios (quartiles "
-                     f"{_quartiles(r['ratios'][k], '.2f')}; rounds: "
+                     f"the {len(r['ratios'][k])} rounds' ratios (95% interval {low:.2f}-"
+                     f"{high:.2f}; quartiles {_quartiles(r['ratios'][k], '.2f')}; rounds: "
                      f"{', '.join(f'{x:.2f}' for x in r['ratios'][k])}).")
     return lines
 
@@ -228,12 +255,19 @@ def _quartiles(xs: list[float], fmt: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.trace_cost", description=__doc__)
     ap.add_argument("--jobs", type=int, default=600)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--sessions", type=int, default=6,
+                    help="runs of the rounds, each starting the stacks anew")
     ap.add_argument("--threads", type=int, default=1,
                     help="the workers' intra-op threads (0: the cores, the default's)")
+    ap.add_argument("--stacks", default=",".join(STACKS),
+                    help=f"which of {', '.join(STACKS)} to measure ({PLAIN} always)")
     ap.add_argument("--out", type=Path, help="write the report here too")
     args = ap.parse_args()
-    lines = report(run(args.jobs, args.rounds, args.threads or None))
+    stacks = [k.strip() for k in args.stacks.split(",") if k.strip()]
+    if unknown := set(stacks) - set(STACKS):
+        ap.error(f"--stacks: {', '.join(sorted(unknown))} not among {', '.join(STACKS)}")
+    lines = report(run(args.jobs, args.rounds, args.threads or None, stacks, args.sessions))
     print("\n".join(lines))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")

@@ -120,9 +120,9 @@ def _kv(tag: bytes, k: str, v: Any) -> bytes:
 # 1 == 1.0 as keys of one dict. Emptied when full, as values that never repeat (ids) pass
 # through it too.
 _KEPT_MAX = 4096
-_kept_str: dict[tuple[str, str], bytes] = {}
-_kept_int: dict[tuple[str, int], bytes] = {}
-_kept_bool: dict[tuple[str, bool], bytes] = {}
+_kept_str: dict[tuple[str, Any], bytes] = {}
+_kept_int: dict[tuple[str, Any], bytes] = {}
+_kept_bool: dict[tuple[str, Any], bytes] = {}
 
 
 def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:

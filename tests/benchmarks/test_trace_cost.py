@@ -1,6 +1,8 @@
 """The tracing benchmark's parts: its receiver counts what a real OTLP exporter sends, and its
 report states the ratio it measured."""
 
+import statistics
+
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -14,6 +16,7 @@ from benchmarks.trace_cost import (
     SpanSink,
     TracedSide,
     _envs,
+    median_interval,
     report,
 )
 
@@ -52,10 +55,37 @@ def test_the_report_states_each_side_and_the_ratios():
     assert "| traced | 97.0 | 95.5-98.5 | 305 | 4.60 | 1.60 / 2.50 / 0.50 | 12.0 |" in text
     assert "| own | 99.0 | 99.0-99.0 | 295 | 4.30 | - | 6.0 |" in text
     assert "traced / not traced: **0.97x**, the median of the 2 rounds' ratios" in text
-    assert "(quartiles 0.9" in text and "rounds: 0.96, 0.98" in text
+    assert "(95% interval 0.96-0.98; quartiles 0.9" in text and "rounds: 0.96, 0.98" in text
     assert "the job's spans only / not traced: **0.99x**" in text
     assert "traced, 10% sampled / not traced: **0.99x**" in text
     assert "of a second untraced stack / not traced: **1.00x**" in text
+
+
+def test_a_report_of_fewer_stacks_states_those_it_measured():
+    sides = {k: TracedSide(k, [100.0, 95.0, 97.0], [0.3] * 3, [4.0 if k == TRACED else 0.0] * 3,
+                           [4.0] * 3) for k in (TRACED, PLAIN, AGAIN)}
+    text = "\n".join(report({"jobs": 40, "rounds": 3, "sides": sides,
+                             "ratio": {TRACED: 0.97, AGAIN: 1.0},
+                             "ratios": {TRACED: [0.97, 0.96, 0.98], AGAIN: [1.0] * 3}}))
+    assert "3 stacks alike" in text and "only / not traced" not in text
+    assert "traced / not traced: **0.97x**" in text and "sampled / not traced" not in text
+
+
+def test_the_median_interval_holds_the_median_and_narrows_with_more_rounds():
+    few = [0.9, 1.0, 0.95, 1.05, 0.97]
+    low, high = median_interval(few)
+    assert low <= statistics.median(few) <= high
+    many_low, many_high = median_interval(few * 20)
+    assert high - low > many_high - many_low
+
+
+def test_rounds_of_one_session_are_drawn_together():
+    # Three sessions whose stacks came out at their own speeds: drawn round by round, the
+    # interval would take their 30 rounds as 30 draws of one speed.
+    rounds = [0.9] * 10 + [1.0] * 10 + [1.1] * 10
+    low, high = median_interval(rounds, sessions=3)
+    round_low, round_high = median_interval(rounds)
+    assert low <= 0.95 and high >= 1.05 and high - low > round_high - round_low
 
 
 def test_the_traced_sides_differ_only_in_the_instrumentations_and_the_sampler():
