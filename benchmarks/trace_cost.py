@@ -19,10 +19,10 @@ of a CPU worker": with two on these two cores an OpenMP team stalls whenever the
 it, and any CPU the API spends costs the model's steps again). Reported: jobs/s, p50 latency
 and the CPU a job took of the stack's processes on each, in all and by process (the API's
 does not move with how the worker's batches form, so it shows the API's share of the cost
-plainly; each stack's last spans' export is counted, and every stack idles as long), each
-traced stack's ratio to the untraced one round by round (the median and the quartiles: a
-stack's jobs/s moves by a fifth from one burst to the next as its batches form, so a cost of a
-few percent needs many rounds to tell) and the spans exported per job.
+plainly), each traced stack's ratio to the untraced one round by round (the median, a 95%
+interval drawing whole sessions, and the quartiles: a stack's jobs/s moves by a fifth from one
+burst to the next as its batches form, so a cost of a few percent needs many rounds to tell)
+and the spans exported per job.
 """
 
 import argparse
@@ -189,11 +189,12 @@ def _session(envs: dict[str, dict[str, str]], sides: dict[str, TracedSide], sink
                 with frozen(others(k)):
                     cpu = _stack_cpu(stacks[k])
                     rps, p50 = asyncio.run(burst(stacks[k].url, jobs))
-                    if k not in (PLAIN, AGAIN):
-                        # Its last spans exported before it is frozen, and their export's CPU
-                        # counted (with what its timers take meanwhile, against tracing).
-                        time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
+                    # Read before a traced stack's wait below: a stack idle takes ~15 ms of
+                    # CPU a second (timers, polls), which only the traced ones would count;
+                    # the export of the burst's last spans (~1 ms) is left out instead.
                     after = _stack_cpu(stacks[k])
+                    if k not in (PLAIN, AGAIN):  # its last spans exported before it is frozen
+                        time.sleep(2 * SCHEDULE_DELAY_MS / 1000)
                 side = sides[k]
                 side.rps.append(rps)
                 side.p50.append(p50)

@@ -117,9 +117,10 @@ def _kv(tag: bytes, k: str, v: Any) -> bytes:
 # A span's attributes repeat from one span to the next (a method, a route, a model, a worker,
 # a batch size, an outcome): each pair of a name and a str, int or bool value is written once and
 # kept, its Span.attributes field (9) whole. Keyed apart by the value's type, because True ==
-# 1 == 1.0 as keys of one dict. Emptied when full, as values that never repeat (ids) pass
-# through it too.
+# 1 == 1.0 as keys of one dict. A string longer than an address or a route is not kept: ids
+# (a job's, 32 hex digits) and paths holding them never repeat. Emptied when full.
 _KEPT_MAX = 4096
+_KEPT_STR_MAX = 24
 _kept_str: dict[tuple[str, Any], bytes] = {}
 _kept_int: dict[tuple[str, Any], bytes] = {}
 _kept_bool: dict[tuple[str, Any], bytes] = {}
@@ -130,6 +131,9 @@ def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
     for item in attributes.items():
         t = type(item[1])
         if t is str:
+            if len(item[1]) > _KEPT_STR_MAX:
+                out.append(_kv(b"\x4a", *item))
+                continue
             kept = _kept_str
         elif t is int:
             kept = _kept_int

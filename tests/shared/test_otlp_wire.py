@@ -107,10 +107,19 @@ def test_attribute_values_written_once_and_kept_encode_with_their_own_types():
 def test_the_kept_values_are_let_go_when_there_are_too_many(monkeypatch):
     monkeypatch.setattr(otlp_wire, "_KEPT_MAX", 3)
     wire, sdk = _both([(Open("x", _ctx(2 + n), None, 1,
-                             {"job": f"{n:032x}", "n": n, "even": n % 2 == 0}), 2)
+                             {"job": f"j{n}", "n": n, "even": n % 2 == 0}), 2)
                        for n in range(20)])
     assert wire == sdk
     assert max(map(len, (otlp_wire._kept_str, otlp_wire._kept_int))) <= 3
+
+
+def test_an_id_is_written_each_time_rather_than_kept():
+    job = "ab" * 16
+    wire, sdk = _both([(Open("x", _ctx(2), None, 1, {"fibermill.job_id": job,
+                                                     "http.route": "/v1/jobs"}), 2)])
+    assert wire == sdk
+    assert ("http.route", "/v1/jobs") in otlp_wire._kept_str
+    assert ("fibermill.job_id", job) not in otlp_wire._kept_str
 
 
 def test_a_resource_and_scope_with_schema_urls_and_versions():
