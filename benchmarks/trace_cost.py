@@ -10,9 +10,9 @@ cost retries instead), one the same without the HTTP server spans
 one job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and two have no
 exporter (the no-op tracer: shared/tracing.py): the second measures how far two stacks alike
 come out apart, in the same run. Measured in turns, the others frozen (processes.frozen), in
-sessions that each start the stacks anew, in the other order than the last (a stack keeps a
-speed of its own while it runs: two alike came out 8% apart over 80 rounds of one session each
-way), bursts of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
+sessions that each start the stacks anew, the order turned by one from the last (where a stack
+starts in that order moved its speed by up to 8%: two alike came out that far apart), bursts
+of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
 benchmarks/replication_cost.py does, each worker with one intra-op thread as the peers
 benchmark runs tiny-gpt2 (`--threads 0`: the cores, the default; docs/architecture.md, "Threads
 of a CPU worker": with two on these two cores an OpenMP team stalls whenever the API preempts
@@ -100,7 +100,7 @@ COMPARED = (TRACED, OWN, SAMPLED, AGAIN)  # each against PLAIN
 
 
 def run(jobs: int = 600, rounds: int = 30, threads: int | None = 1,
-        stacks: Sequence[str] = STACKS, sessions: int = 6) -> dict:
+        stacks: Sequence[str] = STACKS, sessions: int = 5) -> dict:
     """`stacks`: which of STACKS to measure (PLAIN always); fewer, more rounds in the time.
     `rounds` split among `sessions`, each with stacks started anew."""
     sink = SpanSink()
@@ -138,13 +138,15 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int, threads: int | N
              AGAIN: TracedSide("not traced, a second stack alike (the measure's own spread)")}
     sides = {k: side for k, side in sides.items() if k in stacks}
     envs = [(k, env) for k, env in _envs(sink).items() if k in stacks]
-    # A stack keeps a speed of its own from its start to its end: two untraced stacks alike
-    # came out 8% apart over 80 rounds of one session each way (and a stack started later up
-    # to a tenth faster). Rounds in more sessions, each starting the stacks anew and in the
-    # other order than the last, measure tracing across that rather than one draw of it.
+    # Where a stack stands in the order the stacks start in moves its speed from its start to
+    # its end: an untraced stack started first or last came out 1.03x-1.08x of one alike
+    # started between (2026-12-07, over 30-80 rounds of 2-12 sessions that reversed the
+    # order). Each session starts them anew, the order turned by one from the last, so that
+    # over as many sessions as stacks each stack starts in each place once.
     per_session = -(-rounds // sessions)
     for session in range(sessions):
-        started = envs if session % 2 == 0 else envs[::-1]
+        turn = session % len(envs)
+        started = envs[turn:] + envs[:turn]
         _session(dict(started), sides, sink, tmp / f"s{session}", jobs, per_session, threads)
     ratios = {k: [t / p for t, p in zip(sides[k].rps, sides[PLAIN].rps, strict=True)]
               for k in COMPARED if k in sides}
@@ -212,7 +214,7 @@ def report(r: dict) -> list[str]:
         f"From benchmarks/trace_cost.py: {len(r['sides'])} stacks alike but for the OTEL_* "
         f"variables (traced ones export over OTLP/HTTP to a receiver on this machine), "
         f"measured in turns in {r.get('sessions', 2)} sessions, each starting the stacks anew "
-        f"and in the other order than the last; "
+        f"in an order turned by one from the last; "
         f"{r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients; "
         f"{_threads(r.get('threads'))} intra-op thread(s) a worker.", "",
@@ -257,8 +259,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.trace_cost", description=__doc__)
     ap.add_argument("--jobs", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--sessions", type=int, default=6,
-                    help="runs of the rounds, each starting the stacks anew")
+    ap.add_argument("--sessions", type=int, default=5,
+                    help="runs of the rounds, each starting the stacks anew (best a multiple "
+                         "of the stacks: each starts in each place as often)")
     ap.add_argument("--threads", type=int, default=1,
                     help="the workers' intra-op threads (0: the cores, the default's)")
     ap.add_argument("--stacks", default=",".join(STACKS),
