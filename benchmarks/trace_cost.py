@@ -1,6 +1,7 @@
 """What tracing costs, for `make bench`.
 
-    python -m benchmarks.trace_cost [--jobs 600] [--rounds 20] [--threads 1] [--out FILE]
+    python -m benchmarks.trace_cost [--jobs 600] [--rounds 30] [--sessions 5] [--threads 1]
+        [--stacks traced,own,sampled,plain,again] [--out FILE]
 
 Five stacks (Redis, API and one CPU worker each, tiny-gpt2), alike but for the OTEL_*
 variables: one traces every job as deployed (OTLP over HTTP to a receiver in a process of its

@@ -26,7 +26,6 @@ from shared.open_span import Open
 
 log = logging.getLogger(__name__)
 
-_pack_fixed64 = struct.Struct("<Q").pack
 _pack_double = struct.Struct("<d").pack
 
 # Span.flags (field 16, fixed32): the SDK's encoder sets "has is_remote" always, and "is
@@ -58,7 +57,11 @@ def _varint(n: int) -> bytes:
 def _field(tag: bytes, body: bytes) -> bytes:
     """A length-delimited field: its tag, the body's length, the body."""
     n = len(body)
-    return tag + (bytes((n,)) if n < 0x80 else _varint(n)) + body
+    if n < 0x80:
+        return tag + bytes((n,)) + body
+    if n < 0x4000:  # a span's length: two bytes
+        return tag + bytes((n & 0x7F | 0x80, n >> 7)) + body
+    return tag + _varint(n) + body
 
 
 def _value(v: Any) -> bytes:
@@ -212,11 +215,7 @@ def span(s: Open, end_ns: int) -> bytes:
         described = _field(b"\x12", status.description.encode()) if status.description else b""
         parts.append(_field(b"\x7a", described + (bytes((0x18, code)) if code else b"")))
     parts.append(_REMOTE_FLAGS if parent is not None and parent.is_remote else _LOCAL_FLAGS)
-    body = b"".join(parts)
-    n = len(body)
-    if 0x80 <= n < 0x4000:  # most spans: a length of two bytes
-        return bytes((0x12, n & 0x7F | 0x80, n >> 7)) + body
-    return _field(b"\x12", body)
+    return _field(b"\x12", b"".join(parts))
 
 
 def request(resource: Resource, scope: InstrumentationScope, spans: Iterable[bytes]) -> bytes:
