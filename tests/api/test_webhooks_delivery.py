@@ -89,7 +89,11 @@ class Receiver:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         if self.tls is not None:
-            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
+            # The handshake in the request's own thread, on its first read: done in `accept`,
+            # a client that connects and never finishes it blocks the serving loop, and
+            # `stop` with it, for good.
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True,
+                                                       do_handshake_on_connect=False)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
