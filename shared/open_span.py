@@ -3,11 +3,15 @@ them). Of the OpenTelemetry API alone: a process without tracing imports no SDK.
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 UNSET = Status(StatusCode.UNSET)  # a span's status until one is set
+# Attributes that many spans share as they are (a server span's method, scheme, addresses,
+# user agent), as a tuple: its OTLP bytes are written once and kept (shared/otlp_wire.py).
+Base: TypeAlias = tuple[tuple[str, AttributeValue], ...]
 
 
 @dataclass(slots=True)
@@ -23,6 +27,11 @@ class Open:
     links: Sequence[Link] = ()
     status: Status = UNSET
     kind: SpanKind = SpanKind.INTERNAL
+    base: Base = ()  # before `attributes`, which are this span's own
+
+    def all_attributes(self) -> dict[str, AttributeValue]:
+        """`base` and `attributes`, as one span's attributes."""
+        return {**dict(self.base), **self.attributes} if self.base else self.attributes
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         self.attributes.update(attributes)

@@ -154,6 +154,20 @@ def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
     return out
 
 
+_bases: dict[open_span.Base, bytes] = {}
+
+
+def _base(base: open_span.Base) -> bytes:
+    """A span's shared attributes (Open.base), written once a tuple of them and kept, emptied
+    when full: one lookup for what would be a lookup an attribute."""
+    kv = _bases.get(base)
+    if kv is None:
+        if len(_bases) >= _KEPT_MAX:
+            _bases.clear()
+        kv = _bases[base] = b"".join([_kv(b"\x4a", k, v) for k, v in base])
+    return kv
+
+
 # A link as a worker's batch span holds them, without trace state or attributes: fixed size.
 _PLAIN_LINK = struct.Struct(">4sQQ2sQ5s").pack  # Span.links (13), 33 bytes
 _LINK_HEAD = b"\x6a\x21\x0a\x10"
@@ -202,6 +216,8 @@ def span(s: Open, end_ns: int) -> bytes:
     kind = s.kind
     parts += (name, _INTERNAL_KIND if kind is _INTERNAL else _KINDS[kind],
               _TIMES(0x39, s.start_ns, 0x41, end_ns))
+    if s.base:
+        parts.append(_base(s.base))
     if s.attributes:
         parts += _span_attributes(s.attributes)
     for link in s.links:

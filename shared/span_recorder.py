@@ -28,7 +28,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.util.types import AttributeValue
 
 from shared import otlp_wire
-from shared.open_span import Open
+from shared.open_span import Base, Open
 
 
 class Emits(Protocol):
@@ -82,7 +82,8 @@ class Recorder:
 
     def open(self, name: str, parent: SpanContext | None, start_ns: int,
              attributes: Mapping[str, AttributeValue] | None = None,
-             links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL) -> Open:
+             links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL,
+             base: Base = ()) -> Open:
         attrs = dict(attributes) if attributes else {}
         if self._max_links is not None and len(links) > self._max_links:
             links = links[:self._max_links]
@@ -96,12 +97,13 @@ class Recorder:
             sampled = True
         else:
             ctx = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
-            verdict = self._sampler.should_sample(ctx, trace_id, name, kind, attrs, links)
+            verdict = self._sampler.should_sample(ctx, trace_id, name, kind,
+                                                  {**dict(base), **attrs}, links)
             sampled, state = verdict.decision.is_sampled(), verdict.trace_state
         context = SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False,
                               trace_flags=_SAMPLED if sampled else _NOT_SAMPLED,
                               trace_state=state)
-        return Open(name, context, parent, start_ns, attrs, links, kind=kind)
+        return Open(name, context, parent, start_ns, attrs, links, kind=kind, base=base)
 
     def close(self, span: Open, end_ns: int) -> None:
         if not span.context.trace_flags.sampled:
@@ -111,7 +113,7 @@ class Recorder:
         if not self._processors:
             return
         done = ReadableSpan(name=span.name, context=span.context, parent=span.parent,
-                            resource=self._resource, attributes=span.attributes,
+                            resource=self._resource, attributes=span.all_attributes(),
                             links=span.links, kind=span.kind, status=span.status,
                             start_time=span.start_ns,
                             end_time=end_ns, instrumentation_scope=self._scope)

@@ -37,7 +37,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from shared.open_span import Open
+from shared.open_span import Base, Open
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -287,14 +287,15 @@ def span(name: str, parent: Parent = None, attributes: Attributes | None = None,
     return _Current(_recorder.open(name, _under(parent), time.time_ns(), attributes, kind=kind))
 
 
-def request(name: str, parent: Parent, attributes: Attributes
+def request(name: str, parent: Parent, attributes: Attributes, base: Base = ()
             ) -> AbstractContextManager[Open | None]:
     """An HTTP request's server span (services/api/server_spans.py): `span`, kind server, that
-    a job submitted inside it takes as its own (`submitted`)."""
+    a job submitted inside it takes as its own (`submitted`); `base`: attributes it shares
+    with other requests' (Open.base)."""
     if _recorder is None:
         return _NO_SPAN
     return _Current(_recorder.open(name, _under(parent), time.time_ns(), attributes,
-                                   kind=SpanKind.SERVER), request=True)
+                                   kind=SpanKind.SERVER, base=base), request=True)
 
 
 def _under(parent: Parent) -> SpanContext | None:
@@ -330,14 +331,18 @@ def submitted(name: str, attributes: Attributes) -> AbstractContextManager[Open 
     return span(name, attributes=attributes)
 
 
-@contextmanager
-def continued(traceparent: str | None) -> Iterator[None]:
+def continued(traceparent: str | None) -> AbstractContextManager[None]:
     """Inside the block, spans without a parent of their own continue the trace `traceparent`
     names (a caller's W3C header), unless a span is current already (the request's server
     span, which read the same header)."""
-    if not _on or trace.get_current_span().get_span_context().is_valid:
-        yield
-        return
+    # No header (most callers) is told first: the current span is looked up only for one.
+    if not traceparent or not _on or trace.get_current_span().get_span_context().is_valid:
+        return _NO_SPAN
+    return _continuing(traceparent)
+
+
+@contextmanager
+def _continuing(traceparent: str) -> Iterator[None]:
     ctx = parent_of(traceparent)
     token = (attach(trace.set_span_in_context(NonRecordingSpan(ctx))) if ctx is not None
              else None)

@@ -25,6 +25,7 @@ from opentelemetry.trace import StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared import tracing
+from shared.open_span import Base
 
 _EXCLUDED = "/healthz$,/readyz$,/metrics$"
 
@@ -57,7 +58,8 @@ class ServerSpans:
 
         method = scope["method"]
         with tracing.request(method, caller.decode("latin-1") if caller else None,
-                             _request_attributes(scope, headers)) as span:
+                             {"url.path": scope["path"]}, _shared_attributes(scope, headers)
+                             ) as span:
             try:
                 await self.app(scope, receive, sent)
             except Exception as exc:
@@ -78,17 +80,38 @@ class ServerSpans:
                         span.set_status(StatusCode.ERROR)
 
 
-def _request_attributes(scope: Scope, headers: dict[bytes, bytes]) -> dict[str, str | int]:
-    attributes: dict[str, str | int] = {
-        "http.request.method": scope["method"], "url.path": scope["path"],
-        "url.scheme": scope.get("scheme", "http"),
-        "network.protocol.version": scope.get("http_version", "1.1")}
+# A request's attributes but its path, by what they are made from: the same for every request
+# of a client, so built once and written once (Open.base), rather than each an attribute to
+# look up and write again a request. Emptied when full.
+_SHARED_MAX = 1024
+_shared: dict[tuple, Base] = {}
+
+
+def _shared_attributes(scope: Scope, headers: dict[bytes, bytes]) -> Base:
     server, client = scope.get("server"), scope.get("client")
+    key = (scope["method"], scope.get("scheme", "http"), scope.get("http_version", "1.1"),
+           tuple(server) if server else None,  # a list from some servers: made a key
+           client[0] if client else None, headers.get(b"user-agent"))
+    base = _shared.get(key)
+    if base is None:
+        if len(_shared) >= _SHARED_MAX:
+            _shared.clear()
+        base = _shared[key] = _request_attributes(*key)
+    return base
+
+
+def _request_attributes(method: str, scheme: str, version: str,
+                        server: tuple[str, int | None] | None, client: str | None,
+                        agent: bytes | None) -> Base:
+    attributes: list[tuple[str, str | int]] = [
+        ("http.request.method", method), ("url.scheme", scheme),
+        ("network.protocol.version", version)]
     if server:
-        attributes["server.address"], attributes["server.port"] = server[0], server[1]
+        attributes.append(("server.address", server[0]))
+        if server[1] is not None:
+            attributes.append(("server.port", server[1]))
     if client:
-        attributes["client.address"] = client[0]
-    agent = headers.get(b"user-agent")
+        attributes.append(("client.address", client))
     if agent:
-        attributes["user_agent.original"] = agent.decode("latin-1")
-    return attributes
+        attributes.append(("user_agent.original", agent.decode("latin-1")))
+    return tuple(attributes)

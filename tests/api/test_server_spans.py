@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from opentelemetry.trace import SpanKind, StatusCode
 
+from services.api import server_spans
 from services.api.server_spans import ServerSpans, excluded_paths
 from shared import tracing
 
@@ -45,6 +46,23 @@ def test_a_request_is_a_server_span_named_by_its_route_and_current_inside(export
     assert span.attributes["http.response.status_code"] == 200
     assert span.attributes["user_agent.original"] == "probe/1"
     assert span.status.status_code == StatusCode.UNSET
+
+
+def test_each_request_has_its_own_path_and_its_clients_attributes(exported, monkeypatch):
+    # What a client's requests share is built once and kept; two clients' kept in turn, with
+    # room for one, each request still has its own.
+    monkeypatch.setattr(server_spans, "_SHARED_MAX", 1)
+    exporter, _ = exported
+    client = _client()
+    sent = [("a", "probe/1"), ("b", "probe/2"), ("c", "probe/1"), ("d", "probe/1")]
+    for path, agent in sent:
+        client.get(f"/v1/jobs/{path}", headers={"user-agent": agent})
+    spans = exporter.get_finished_spans()
+    assert [(s.attributes["url.path"], s.attributes["user_agent.original"]) for s in spans] == [
+        (f"/v1/jobs/{path}", agent) for path, agent in sent]
+    assert all(s.attributes["server.address"] == "testserver" for s in spans)
+    assert all(s.attributes["client.address"] == "testclient" for s in spans)
+    assert len(server_spans._shared) == 1
 
 
 def test_a_callers_traceparent_is_its_parent(exported):

@@ -44,7 +44,8 @@ def _both(spans: list[tuple[Open, int]], resource: Resource = RESOURCE,
           ) -> tuple[ExportTraceServiceRequest, ExportTraceServiceRequest]:
     wire = otlp_wire.request(resource, scope, [otlp_wire.span(s, end) for s, end in spans])
     sdk = [ReadableSpan(name=s.name, context=s.context, parent=s.parent, resource=resource,
-                        attributes=s.attributes, links=s.links, kind=s.kind, status=s.status,
+                        attributes=s.all_attributes(), links=s.links, kind=s.kind,
+                        status=s.status,
                         start_time=s.start_ns, end_time=end, instrumentation_scope=scope)
            for s, end in spans]
     return ExportTraceServiceRequest.FromString(wire), encode_spans(sdk)
@@ -120,6 +121,21 @@ def test_an_id_is_written_each_time_rather_than_kept():
     assert wire == sdk
     assert ("http.route", "/v1/jobs") in otlp_wire._kept_str
     assert ("fibermill.job_id", job) not in otlp_wire._kept_str
+
+
+def test_shared_attributes_are_written_before_the_spans_own_and_kept_whole(monkeypatch):
+    monkeypatch.setattr(otlp_wire, "_KEPT_MAX", 2)
+    clients = [(("http.request.method", "POST"), ("server.port", 8000),
+                ("user_agent.original", f"client/{n}" + "x" * 40)) for n in range(5)]
+    spans = [(Open("POST /v1/jobs", _ctx(2 + n), None, 1, {"url.path": f"/v1/jobs/{n}"},
+                   kind=SpanKind.SERVER, base=clients[n % 3]), 2) for n in range(9)]
+    wire, sdk = _both(spans)
+    assert wire == sdk
+    first = wire.resource_spans[0].scope_spans[0].spans[0]
+    assert [kv.key for kv in first.attributes] == [
+        "http.request.method", "server.port", "user_agent.original", "url.path"]
+    assert len(otlp_wire._bases) <= 2  # let go when there are too many, as the kept values
+    assert otlp_wire._bases[clients[8 % 3]] == otlp_wire._base(clients[2])
 
 
 def test_a_resource_and_scope_with_schema_urls_and_versions():

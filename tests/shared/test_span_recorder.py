@@ -5,7 +5,13 @@ of the test's own, never the process's global one."""
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import StatusCode
 
 from shared import tracing
@@ -62,6 +68,33 @@ def test_a_root_asks_the_providers_sampler(exported):
     install(ALWAYS_OFF)  # not parent-based: the sampler decides for children too
     assert not tracing.record("fibermill.queue", SAMPLED, 1.0, 2.0).trace_flags.sampled
     assert [s.name for s in exporter.get_finished_spans()] == ["fibermill.queue"]
+
+
+class _Asked(ALWAYS_ON.__class__):
+    """Samples all, keeping the attributes it was asked with."""
+
+    def __init__(self) -> None:
+        super().__init__(Decision.RECORD_AND_SAMPLE)
+        self.asked: list[dict] = []
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None,
+                      links=None, trace_state=None):
+        self.asked.append(dict(attributes or {}))
+        return super().should_sample(parent_context, trace_id, name, kind, attributes, links,
+                                     trace_state)
+
+
+def test_a_sampler_is_asked_with_a_server_spans_shared_attributes_too(exported):
+    exporter, install = exported
+    sampler = _Asked()
+    install(sampler)
+    with tracing.request("GET", None, {"url.path": "/v1/jobs/a"},
+                         (("http.request.method", "GET"), ("server.port", 8000))):
+        pass
+    assert sampler.asked == [{"http.request.method": "GET", "server.port": 8000,
+                              "url.path": "/v1/jobs/a"}]
+    (span,) = exporter.get_finished_spans()
+    assert dict(span.attributes) == sampler.asked[0]
 
 
 def test_the_default_samplers_roots_are_sampled(exported):
