@@ -12,7 +12,8 @@ one job in ten sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio), and two h
 exporter (the no-op tracer: shared/tracing.py): the second measures how far two stacks alike
 come out apart, in the same run. Measured in turns, the others frozen (processes.frozen), in
 sessions that each start the stacks anew, the order turned by one from the last (where a stack
-starts in that order moved its speed by up to 8%: two alike came out that far apart), bursts
+starts in that order moved its speed by up to 8%: two alike came out that far apart), the
+rounds' orders balanced so that each stack follows each other as often (`balanced_orders`), bursts
 of one-prompt jobs from 32 closed-loop clients (`Prefer: wait`), as
 benchmarks/replication_cost.py does, each worker with one intra-op thread as the peers
 benchmark runs tiny-gpt2 (`--threads 0`: the cores, the default; docs/architecture.md, "Threads
@@ -148,12 +149,30 @@ def _measure(sink: SpanSink, tmp: Path, jobs: int, rounds: int, threads: int | N
     for session in range(sessions):
         turn = session % len(envs)
         started = envs[turn:] + envs[:turn]
-        _session(dict(started), sides, sink, tmp / f"s{session}", jobs, per_session, threads)
+        _session(dict(started), sides, sink, tmp / f"s{session}", jobs, per_session, threads,
+                 first=session * per_session)
     ratios = {k: [t / p for t, p in zip(sides[k].rps, sides[PLAIN].rps, strict=True)]
               for k in COMPARED if k in sides}
     return {"jobs": jobs, "rounds": len(sides[PLAIN].rps), "threads": threads, "sides": sides,
             "sessions": sessions, "ratios": ratios,
             "ratio": {k: statistics.median(v) for k, v in ratios.items()}}
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of n stacks for rounds in turn (a Williams design): each stack takes each place,
+    and follows each other stack right after it, equally often over the orders. Turning one
+    order by one each round left every stack behind the same other in every round, and a
+    stack's speed can depend on the one measured before it: two untraced stacks alike, the
+    one measured after the traced stack, came out 1.01-1.04x apart in every run that way."""
+    head, low, high = [0], 1, n - 1
+    while len(head) < n:
+        head.append(low)
+        low += 1
+        if len(head) < n:
+            head.append(high)
+            high -= 1
+    orders = [[(x + i) % n for x in head] for i in range(n)]
+    return orders + [order[::-1] for order in orders] if n % 2 else orders
 
 
 def median_interval(xs: Sequence[float], sessions: int = 0,
@@ -170,8 +189,9 @@ def median_interval(xs: Sequence[float], sessions: int = 0,
 
 
 def _session(envs: dict[str, dict[str, str]], sides: dict[str, TracedSide], sink: SpanSink,
-             tmp: Path, jobs: int, rounds: int, threads: int | None) -> None:
-    """Start the stacks in `envs`' order and measure `rounds` rounds of them into `sides`."""
+             tmp: Path, jobs: int, rounds: int, threads: int | None, first: int = 0) -> None:
+    """Start the stacks in `envs`' order and measure `rounds` rounds of them into `sides`,
+    the first of them the run's round `first` (the orders of the rounds go on from there)."""
     with ExitStack() as running:
         stacks: dict[str, BenchStack] = {
             k: running.enter_context(bench_stack(MODEL, threads=threads, env=env,
@@ -185,9 +205,9 @@ def _session(envs: dict[str, dict[str, str]], sides: dict[str, TracedSide], sink
             with frozen(others(k)):
                 asyncio.run(burst(stacks[k].url, jobs // 4))
         order = sorted(stacks, key=list(sides).index)  # the same turns in each session
+        turns = balanced_orders(len(order))
         for r in range(rounds):
-            turn = r % len(order)
-            for k in order[turn:] + order[:turn]:
+            for k in (order[i] for i in turns[(first + r) % len(turns)]):
                 before = sink.spans
                 with frozen(others(k)):
                     cpu = _stack_cpu(stacks[k])
@@ -215,7 +235,8 @@ def report(r: dict) -> list[str]:
         f"From benchmarks/trace_cost.py: {len(r['sides'])} stacks alike but for the OTEL_* "
         f"variables (traced ones export over OTLP/HTTP to a receiver on this machine), "
         f"measured in turns in {r.get('sessions', 2)} sessions, each starting the stacks anew "
-        f"in an order turned by one from the last; "
+        f"in an order turned by one from the last, the rounds in orders where each stack "
+        f"follows each other as often; "
         f"{r['rounds']} rounds of {r['jobs']} one-prompt {MODEL} jobs "
         f"({NEW_TOKENS} new tokens) from {CLIENTS} clients; "
         f"{_threads(r.get('threads'))} intra-op thread(s) a worker.", "",

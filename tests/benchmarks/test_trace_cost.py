@@ -2,7 +2,10 @@
 report states the ratio it measured."""
 
 import statistics
+from collections import Counter
+from itertools import pairwise
 
+import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -16,6 +19,7 @@ from benchmarks.trace_cost import (
     SpanSink,
     TracedSide,
     _envs,
+    balanced_orders,
     median_interval,
     report,
 )
@@ -99,3 +103,15 @@ def test_the_traced_sides_differ_only_in_the_instrumentations_and_the_sampler():
     assert envs[SAMPLED].pop("OTEL_TRACES_SAMPLER_ARG") == "0.1"
     assert envs[OWN] == envs[TRACED] == envs[SAMPLED]
     assert envs[PLAIN] == envs[AGAIN] == {"OTEL_TRACES_EXPORTER": "none"}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_balanced_orders_put_each_stack_in_each_place_and_after_each_other_as_often(n):
+    orders = balanced_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    places = Counter((stack, place) for order in orders for place, stack in enumerate(order))
+    assert set(places) == {(s, p) for s in range(n) for p in range(n)}
+    assert len(set(places.values())) == 1
+    after = Counter(pair for order in orders for pair in pairwise(order))
+    assert set(after) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(after.values())) <= 1  # none at all for one stack
