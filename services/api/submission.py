@@ -60,7 +60,7 @@ class Submissions:
         span's traceparent, and every span of the job is under it."""
         with tracing.submitted("fibermill.submit", {"fibermill.model": req.model}) as span:
             done = await self._accept(req, principal, idempotency_key, base_url, job_id, bucket,
-                                      watched, batch, tracing.traceparent_of(span))
+                                      watched, batch)
             if span is not None:
                 span.set_attributes({"fibermill.job_id": done.job.id,
                                      "fibermill.outputs": done.job.total,
@@ -71,7 +71,6 @@ class Submissions:
         self, req: JobRequest, principal: Principal, idempotency_key: str | None,
         base_url: str | None = None, job_id: str | None = None,
         bucket: TokenBucket | None = None, watched: bool = False, batch: bool = False,
-        traceparent: str | None = None,
     ) -> Submitted:
         """`job_id`, when given, is the new job's id (from `new_job_id()`): a caller that
         listens to the job's events subscribes before the job exists, and misses none.
@@ -79,8 +78,7 @@ class Submissions:
         it is stored, or RateLimited is raised and nothing is stored. `watched`: the caller
         streams the job's live events (see JobStore.watch). `batch`: a batch's line, queued
         in the batch step below every interactive priority and within its key's share of the
-        model's queue (services/api/quotas.py) instead of the interactive backlog's limit.
-        `traceparent`: the job's submit span, which its record and messages carry."""
+        model's queue (services/api/quotas.py) instead of the interactive backlog's limit."""
         if batch:
             req = req.model_copy(update={"priority": BATCH_PRIORITY})
         spec, inp = await self._check(req, idempotency_key)
@@ -90,7 +88,7 @@ class Submissions:
                   if idempotency_key is not None else "")
         _choose_seed(inp)
         probe = _probe(spec, inp, principal.key_id, job_id or new_job_id(),
-                       traceparent)
+                       tracing.current_traceparent())
         # Split before storing, so a job that cannot be split is never accepted.
         subs = self.dispatcher.subrequests(probe)
         async with self.claims.hold(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from services.devstack.redis_server import find_redis_server, free_port, start_redis
+from services.devstack.redis_server import find_redis_server, free_ports, start_redis
 
 MASTER = "fibermill"
 QUORUM = 2
@@ -56,8 +56,20 @@ class SentinelGroup:
                 "FIBERMILL_REDIS_URL": "redis://127.0.0.1/0"}
 
     def start(self) -> None:
+        """Start the nodes and the sentinels; all stopped again if one does not come up."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        # One block of ports for the nodes: ports drawn one by one could come out the same
+        # (each free when drawn), and a node that cannot bind its port exits while another
+        # answers there.
+        first = free_ports(1 + self.replicas)
         for i in range(1 + self.replicas):
-            node = Node(f"redis{i}", free_port(), self.workdir / f"redis{i}")
+            node = Node(f"redis{i}", first + i, self.workdir / f"redis{i}")
             self.nodes.append(node)
         primary = self.nodes[0]
         self._start_node(primary, replica_of=None)
@@ -65,8 +77,9 @@ class SentinelGroup:
             self._start_node(node, replica_of=primary.port)
         for node in self.nodes[1:]:
             self.wait_synced(node)
+        first = free_ports(self.sentinels)  # the nodes bound theirs: none of these
         for i in range(self.sentinels):
-            watcher = Node(f"sentinel{i}", free_port(), self.workdir / f"sentinel{i}")
+            watcher = Node(f"sentinel{i}", first + i, self.workdir / f"sentinel{i}")
             self.watchers.append(watcher)
             self._start_sentinel(watcher, primary.port)
         self.wait_agreed(primary.port)
