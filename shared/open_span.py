@@ -14,6 +14,11 @@ UNSET = Status(StatusCode.UNSET)  # a span's status until one is set
 Base: TypeAlias = tuple[tuple[str, AttributeValue], ...]
 
 
+def merged(base: Base, attributes: dict[str, AttributeValue]) -> dict[str, AttributeValue]:
+    """`base` and `attributes` as one span's attributes, a span's own last."""
+    return {**dict(base), **attributes} if base else attributes
+
+
 @dataclass(slots=True)
 class Open:
     """A span begun and not yet ended: its context is known from the start, so its children,
@@ -31,7 +36,7 @@ class Open:
 
     def all_attributes(self) -> dict[str, AttributeValue]:
         """`base` and `attributes`, as one span's attributes."""
-        return {**dict(self.base), **self.attributes} if self.base else self.attributes
+        return merged(self.base, self.attributes)
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         self.attributes.update(attributes)

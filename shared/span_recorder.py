@@ -28,7 +28,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.util.types import AttributeValue
 
 from shared import otlp_wire
-from shared.open_span import Base, Open
+from shared.open_span import Base, Open, merged
 
 
 class Emits(Protocol):
@@ -98,7 +98,7 @@ class Recorder:
         else:
             ctx = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
             verdict = self._sampler.should_sample(ctx, trace_id, name, kind,
-                                                  {**dict(base), **attrs}, links)
+                                                  merged(base, attrs), links)
             sampled, state = verdict.decision.is_sampled(), verdict.trace_state
         context = SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False,
                               trace_flags=_SAMPLED if sampled else _NOT_SAMPLED,
